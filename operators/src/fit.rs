@@ -1,0 +1,193 @@
+//! Fitting: one pass over the data per fitted step in a chain, accumulating mergeable
+//! statistics ([`FitPartial`]) that workers combine before finishing them into a state.
+
+use std::collections::BTreeMap;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use serde::{Deserialize, Serialize};
+
+use crate::bind::{bind_numeric, column, numeric_values};
+use crate::error::Result;
+use crate::kernels::categorical::{for_each_str, keys_as_i64};
+use crate::kernels::numeric::{NumOp, chain_visit};
+use crate::plan::{FeaturePlan, Source};
+use crate::state::{FittedParam, FittedState};
+use crate::stats::{Moments, Partial};
+use crate::step::Step;
+
+/// What one fitted step sees.
+#[derive(Debug, Clone)]
+enum Input {
+    /// The numeric chain before the step, with its earlier fitted steps bound.
+    Numeric(Vec<NumOp>),
+    /// The raw strings.
+    Str,
+}
+
+#[derive(Debug, Clone)]
+struct Target {
+    key: String,
+    group: String,
+    column: String,
+    input: Input,
+    partial: Partial,
+}
+
+/// Accumulates one pass's statistics over batches.
+#[derive(Debug, Clone)]
+pub struct Fitter {
+    targets: Vec<Target>,
+}
+
+/// Statistics of one pass over part of the data; merge partials of all parts, then finish.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FitPartial {
+    entries: BTreeMap<String, Partial>,
+}
+
+impl FeaturePlan {
+    /// A fitter for pass `pass` (see [`FeaturePlan::fit_passes`]); `state` must hold what
+    /// the earlier passes fitted.
+    pub fn fitter(&self, pass: usize, state: &FittedState) -> Result<Fitter> {
+        let mut targets = Vec::new();
+        for g in &self.groups {
+            let steps = &g.spec.steps;
+            let Some(at) = steps
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.is_fitted())
+                .nth(pass)
+                .map(|(i, _)| i)
+            else {
+                continue;
+            };
+            for c in &g.columns {
+                let input = match c.source {
+                    Source::Str => Input::Str,
+                    Source::Numeric { .. } => Input::Numeric(bind_numeric(
+                        &g.spec.name,
+                        &c.name,
+                        &steps[..at],
+                        at,
+                        state,
+                    )?),
+                };
+                let partial = match &steps[at] {
+                    Step::Standardize => Partial::Moments(Moments::default()),
+                    Step::MinMax => Partial::MinMax(None),
+                    Step::QuantileBucketize(n) => Partial::Quantiles {
+                        n: *n,
+                        digest: tdigest::TDigest::new_with_size(200),
+                        pending: Vec::new(),
+                    },
+                    Step::Vocab {
+                        max_size,
+                        min_count,
+                    } => Partial::Counts {
+                        max_size: *max_size,
+                        min_count: *min_count,
+                        counts: Default::default(),
+                    },
+                    other => unreachable!("{other} is not fitted"),
+                };
+                targets.push(Target {
+                    key: FittedState::key(&g.spec.name, &c.name, at),
+                    group: g.spec.name.clone(),
+                    column: c.name.clone(),
+                    input,
+                    partial,
+                });
+            }
+        }
+        Ok(Fitter { targets })
+    }
+}
+
+impl Fitter {
+    /// Whether this pass fits anything (a pipeline without fitted steps has no passes).
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+
+    /// Adds a batch's values to every statistic.
+    pub fn update(&mut self, batch: &RecordBatch) -> Result<()> {
+        for t in &mut self.targets {
+            let array = column(batch, &t.group, &t.column)?;
+            match &t.input {
+                Input::Numeric(ops) => {
+                    let values = numeric_values(array, &t.group, &t.column)?;
+                    chain_visit(values.values(), values.nulls(), ops, |chunk| {
+                        t.partial.add_numbers(chunk)
+                    });
+                }
+                Input::Str => count_strings(array.as_ref(), &mut t.partial)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The statistics gathered so far.
+    pub fn into_partial(self) -> FitPartial {
+        FitPartial {
+            entries: self
+                .targets
+                .into_iter()
+                .map(|t| (t.key, t.partial))
+                .collect(),
+        }
+    }
+}
+
+/// Counts string occurrences; a dictionary column counts keys, then each distinct value once.
+fn count_strings(array: &dyn Array, partial: &mut Partial) -> Result<()> {
+    if let Some(dict) = array.as_any_dictionary_opt() {
+        let values = dict.values();
+        let mut counts = vec![0u64; values.len()];
+        let keys = dict.keys();
+        let nulls = keys.logical_nulls();
+        let keys = keys_as_i64(keys)?;
+        for (i, &k) in keys.values().iter().enumerate() {
+            if nulls.as_ref().is_none_or(|n| n.is_valid(i))
+                && let Some(c) = usize::try_from(k).ok().and_then(|k| counts.get_mut(k))
+            {
+                *c += 1;
+            }
+        }
+        let mut i = 0;
+        for_each_str(values.as_ref(), |v| {
+            if let Some(v) = v
+                && counts[i] > 0
+            {
+                partial.add_string(v, counts[i]);
+            }
+            i += 1;
+        })?;
+        return Ok(());
+    }
+    for_each_str(array, |v| {
+        if let Some(v) = v {
+            partial.add_string(v, 1);
+        }
+    })
+}
+
+impl FitPartial {
+    /// Folds in another part's statistics (of the same pass).
+    pub fn merge(&mut self, other: FitPartial) {
+        for (k, p) in other.entries {
+            match self.entries.get_mut(&k) {
+                Some(mine) => mine.merge(p),
+                None => {
+                    self.entries.insert(k, p);
+                }
+            }
+        }
+    }
+
+    /// Turns the statistics into parameters, added to `params`.
+    pub fn finish(self, params: &mut BTreeMap<String, FittedParam>) {
+        for (k, p) in self.entries {
+            params.insert(k, p.finish());
+        }
+    }
+}

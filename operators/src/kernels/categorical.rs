@@ -1,0 +1,306 @@
+//! String columns to integer indices: a fitted vocabulary or a hash bucket.
+//!
+//! Dictionary-encoded columns (what hydrant asks the Parquet reader for) are mapped once per
+//! distinct value and then gathered by key; a [`DictCache`] remembers the last dictionary,
+//! because a Parquet reader hands the same dictionary to every batch of a row group.
+
+use std::collections::HashMap;
+
+use arrow::array::{Array, ArrayRef, AsArray, Int32Array, Int64Array};
+use arrow::datatypes::DataType;
+
+use crate::error::{OpError, Result};
+
+/// A deterministic fast hasher: hashing here is for lookups, not for anything an
+/// adversary can aim at, and the output must not depend on the process.
+type FastHash = foldhash::fast::FixedState;
+
+/// A fitted vocabulary ready for lookups.
+#[derive(Debug, Clone)]
+pub struct VocabIndex {
+    map: HashMap<Box<[u8]>, i64, FastHash>,
+}
+
+impl VocabIndex {
+    /// Indexes `values`, where position is the index.
+    pub fn new(values: &[String]) -> Self {
+        let mut map = HashMap::with_capacity_and_hasher(values.len(), FastHash::default());
+        for (i, v) in values.iter().enumerate() {
+            map.insert(v.as_bytes().into(), i as i64);
+        }
+        VocabIndex { map }
+    }
+
+    /// The number of values: also the index of unseen and null values.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the vocabulary is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// How a string becomes an index.
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    /// Position in a fitted vocabulary.
+    Vocab(VocabIndex),
+    /// `xxhash64(bytes, seed 0) mod n`.
+    Hash(u64),
+}
+
+impl Lookup {
+    #[inline]
+    fn index(&self, bytes: &[u8]) -> i64 {
+        match self {
+            Lookup::Vocab(v) => v.map.get(bytes).copied().unwrap_or(v.len() as i64),
+            Lookup::Hash(n) => (xxhash_rust::xxh64::xxh64(bytes, 0) % n) as i64,
+        }
+    }
+
+    /// The index given to null (and, for a vocabulary, unseen) values.
+    pub fn missing(&self) -> i64 {
+        match self {
+            Lookup::Vocab(v) => v.len() as i64,
+            Lookup::Hash(n) => *n as i64,
+        }
+    }
+}
+
+/// The last dictionary mapped, kept alive so that its identity cannot be reused.
+#[derive(Debug, Default, Clone)]
+pub struct DictCache {
+    last: Option<(ArrayRef, Vec<i64>)>,
+}
+
+/// Whether a column type holds strings this module reads.
+pub fn is_string_type(t: &DataType) -> bool {
+    match t {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => true,
+        DataType::Dictionary(k, v) => {
+            k.is_dictionary_key_type()
+                && is_string_type(v)
+                && !matches!(**v, DataType::Dictionary(..))
+        }
+        _ => false,
+    }
+}
+
+/// Calls `f` with every slot of a plain string array, `None` for nulls.
+pub fn for_each_str(array: &dyn Array, mut f: impl FnMut(Option<&str>)) -> Result<()> {
+    match array.data_type() {
+        DataType::Utf8 => array.as_string::<i32>().iter().for_each(&mut f),
+        DataType::LargeUtf8 => array.as_string::<i64>().iter().for_each(&mut f),
+        DataType::Utf8View => array.as_string_view().iter().for_each(&mut f),
+        other => {
+            return Err(OpError::Schema(format!(
+                "expected a string column, found {other}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Maps every slot of a string (or dictionary-of-string) column to its index.
+pub fn strings_to_index(
+    array: &dyn Array,
+    lookup: &Lookup,
+    cache: &mut DictCache,
+    out: &mut [i64],
+) -> Result<()> {
+    assert_eq!(array.len(), out.len(), "output length");
+    let missing = lookup.missing();
+    if let Some(dict) = array.as_any_dictionary_opt() {
+        let values = dict.values();
+        let hit = matches!(&cache.last, Some((v, _)) if same_array(v, values));
+        if !hit {
+            let mut mapped = vec![missing; values.len()];
+            let mut i = 0;
+            for_each_str(values.as_ref(), |v| {
+                if let Some(v) = v {
+                    mapped[i] = lookup.index(v.as_bytes());
+                }
+                i += 1;
+            })?;
+            cache.last = Some((values.clone(), mapped));
+        }
+        let mapped = cache
+            .last
+            .as_ref()
+            .map(|(_, m)| m.as_slice())
+            .unwrap_or_default();
+        let keys = dict.keys();
+        if let Some(keys) = keys.as_any().downcast_ref::<Int32Array>() {
+            gather(keys.values(), mapped, missing, out);
+        } else {
+            let keys = keys_as_i64(keys)?;
+            for (o, &k) in out.iter_mut().zip(keys.values()) {
+                *o = usize::try_from(k)
+                    .ok()
+                    .and_then(|k| mapped.get(k))
+                    .copied()
+                    .unwrap_or(missing);
+            }
+        }
+        if let Some(nulls) = keys.logical_nulls() {
+            out.iter_mut()
+                .zip(nulls.iter())
+                .for_each(|(o, valid)| *o = if valid { *o } else { missing });
+        }
+        return Ok(());
+    }
+    let mut i = 0;
+    for_each_str(array, |v| {
+        out[i] = v.map_or(missing, |v| lookup.index(v.as_bytes()));
+        i += 1;
+    })
+}
+
+/// Dictionary keys of any integer type as int64 (arrow's `normalized_keys` panics on an
+/// empty dictionary, which a peer can send).
+pub(crate) fn keys_as_i64(keys: &dyn Array) -> Result<Int64Array> {
+    let keys = arrow::compute::cast(&arrow::array::make_array(keys.to_data()), &DataType::Int64)?;
+    Ok(keys.as_primitive::<arrow::datatypes::Int64Type>().clone())
+}
+
+#[inline]
+fn gather(keys: &[i32], mapped: &[i64], missing: i64, out: &mut [i64]) {
+    // Keys under null slots may hold anything, so every key is bounds-checked.
+    for (o, &k) in out.iter_mut().zip(keys) {
+        *o = mapped.get(k as usize).copied().unwrap_or(missing);
+    }
+}
+
+/// Whether two arrays are the very same data (same buffers, offset and length).
+fn same_array(a: &ArrayRef, b: &ArrayRef) -> bool {
+    let (a, b) = (a.to_data(), b.to_data());
+    a.len() == b.len()
+        && a.offset() == b.offset()
+        && a.buffers().len() == b.buffers().len()
+        && a.buffers()
+            .iter()
+            .zip(b.buffers())
+            .all(|(x, y)| x.as_ptr() == y.as_ptr())
+}
+
+/// Sets `out[r * width + index[r]] = 1.0` for each row whose index is in `[0, width)`; the
+/// rest of each row's `width` slots are left as they are (zero).
+pub fn one_hot(index: &[i64], width: usize, stride: usize, offset: usize, out: &mut [f32]) {
+    for (r, &i) in index.iter().enumerate() {
+        if (0..width as i64).contains(&i) {
+            out[r * stride + offset + i as usize] = 1.0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference;
+    use arrow::array::{DictionaryArray, Int8Array, StringArray, StringViewArray};
+    use arrow::datatypes::Int32Type;
+    use std::sync::Arc;
+
+    fn words(n: usize, seed: u64) -> Vec<Option<String>> {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                if rng.random_bool(0.1) {
+                    None
+                } else {
+                    Some(format!("w{}", rng.random_range(0..40u32)))
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_string_layout_matches_reference() {
+        for &n in &[0usize, 1, 2, 1000] {
+            let data = words(n, n as u64);
+            let refs: Vec<Option<&str>> = data.iter().map(|s| s.as_deref()).collect();
+            let vocab = reference::vocab(&refs, Some(20), 1);
+            let lookups = [Lookup::Vocab(VocabIndex::new(&vocab)), Lookup::Hash(17)];
+            let plain: ArrayRef = Arc::new(StringArray::from(refs.clone()));
+            let view: ArrayRef = Arc::new(StringViewArray::from(refs.clone()));
+            let dict: ArrayRef =
+                Arc::new(refs.iter().copied().collect::<DictionaryArray<Int32Type>>());
+            let dict8: ArrayRef = Arc::new(
+                refs.iter()
+                    .map(|s| s.map(|s| &s[..2]))
+                    .collect::<DictionaryArray<arrow::datatypes::Int8Type>>(),
+            );
+            for lookup in &lookups {
+                let want: Vec<i64> = refs
+                    .iter()
+                    .map(|v| match lookup {
+                        Lookup::Vocab(_) => reference::vocab_index(*v, &vocab),
+                        Lookup::Hash(n) => reference::hash_bucket(*v, *n),
+                    })
+                    .collect();
+                for array in [&plain, &view, &dict] {
+                    let mut out = vec![-7; n];
+                    let mut cache = DictCache::default();
+                    strings_to_index(array.as_ref(), lookup, &mut cache, &mut out).unwrap();
+                    assert_eq!(out, want, "{:?}", array.data_type());
+                    // A second batch with the same dictionary reuses the mapping.
+                    strings_to_index(array.as_ref(), lookup, &mut cache, &mut out).unwrap();
+                    assert_eq!(out, want);
+                }
+                let mut out = vec![0; n];
+                strings_to_index(dict8.as_ref(), lookup, &mut DictCache::default(), &mut out)
+                    .unwrap();
+                let want8: Vec<i64> = refs
+                    .iter()
+                    .map(|v| match lookup {
+                        Lookup::Vocab(_) => reference::vocab_index(v.map(|s| &s[..2]), &vocab),
+                        Lookup::Hash(n) => reference::hash_bucket(v.map(|s| &s[..2]), *n),
+                    })
+                    .collect();
+                assert_eq!(out, want8);
+            }
+        }
+    }
+
+    #[test]
+    fn a_new_dictionary_is_mapped_again() {
+        let lookup = Lookup::Vocab(VocabIndex::new(&["a".to_string(), "b".to_string()]));
+        let mut cache = DictCache::default();
+        let mut out = vec![0; 2];
+        let d1: DictionaryArray<Int32Type> = vec!["a", "b"].into_iter().collect();
+        strings_to_index(&d1, &lookup, &mut cache, &mut out).unwrap();
+        assert_eq!(out, [0, 1]);
+        let d2: DictionaryArray<Int32Type> = vec!["b", "c"].into_iter().collect();
+        strings_to_index(&d2, &lookup, &mut cache, &mut out).unwrap();
+        assert_eq!(out, [1, 2]);
+    }
+
+    #[test]
+    fn an_empty_dictionary_maps_everything_to_missing() {
+        let keys = Int8Array::from(vec![None, None]);
+        let dict = DictionaryArray::new(keys, Arc::new(StringArray::from(Vec::<&str>::new())));
+        let mut out = vec![0; 2];
+        strings_to_index(&dict, &Lookup::Hash(4), &mut DictCache::default(), &mut out).unwrap();
+        assert_eq!(out, [4, 4]);
+    }
+
+    #[test]
+    fn out_of_range_keys_under_nulls_are_safe() {
+        let keys = Int8Array::from(vec![Some(0), None]);
+        let values = Arc::new(StringArray::from(vec!["a"]));
+        let dict = DictionaryArray::new(keys, values);
+        let mut out = vec![0; 2];
+        strings_to_index(&dict, &Lookup::Hash(4), &mut DictCache::default(), &mut out).unwrap();
+        assert_eq!(out[1], 4);
+    }
+
+    #[test]
+    fn one_hot_sets_one_slot_per_row() {
+        let mut out = vec![0f32; 3 * 4];
+        one_hot(&[0, 2, 9], 3, 4, 1, &mut out);
+        assert_eq!(out, [0., 1., 0., 0., 0., 0., 0., 1., 0., 0., 0., 0.]);
+    }
+}

@@ -1,0 +1,6 @@
+//! Pure kernels: functions on Arrow buffers, tested against [`crate::reference`]-style
+//! definitions, with no knowledge of pipelines or dataflows.
+
+pub mod categorical;
+pub mod log1p;
+pub mod numeric;

@@ -1,0 +1,431 @@
+//! `FeaturePlan`: feature groups checked against an input schema once, before any data is
+//! read, so that applying them to a batch re-checks nothing but the batch's own types.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+use crate::error::{OpError, Result};
+use crate::group::{FeatureGroup, GroupKind, LabelSpec, LabelType};
+use crate::kernels::categorical::is_string_type;
+use crate::step::Step;
+
+/// The column every hydrant batch carries: the row's ordinal in the input.
+pub const ROW_ID: &str = "row_id";
+
+/// What kind of input a column is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// Integers, floats, booleans: read as float64.
+    Numeric {
+        /// Integers may pass into an ids tensor unchanged.
+        integer: bool,
+    },
+    /// Strings, plain or dictionary-encoded.
+    Str,
+}
+
+/// One column of one group, with its chain.
+#[derive(Debug, Clone)]
+pub(crate) struct ColumnPlan {
+    pub name: String,
+    pub source: Source,
+    /// Where its values start in the group's tensor row.
+    pub offset: usize,
+}
+
+/// One group, checked.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupPlan {
+    pub spec: FeatureGroup,
+    pub columns: Vec<ColumnPlan>,
+    pub width: usize,
+}
+
+/// Feature groups and label, checked against an input schema.
+#[derive(Debug, Clone)]
+pub struct FeaturePlan {
+    pub(crate) pipeline: String,
+    pub(crate) groups: Vec<GroupPlan>,
+    pub(crate) label: Option<LabelSpec>,
+    output: SchemaRef,
+}
+
+impl FeaturePlan {
+    /// Checks `groups` and `label` against `input` (the schema of the data, without
+    /// `row_id`): every column exists, its type suits the steps, and each chain makes the
+    /// kind of tensor its group asks for.
+    pub fn compile(
+        pipeline: &str,
+        groups: &[FeatureGroup],
+        label: Option<&LabelSpec>,
+        input: &Schema,
+    ) -> Result<Self> {
+        let mut plans = Vec::with_capacity(groups.len());
+        let mut names = std::collections::HashSet::new();
+        for group in groups {
+            let name = &group.name;
+            if name == ROW_ID
+                || (label.is_some() && name == "label")
+                || !names.insert(name.as_str())
+            {
+                return Err(OpError::plan(
+                    name,
+                    "-",
+                    "group name is used twice (or is `row_id`/`label`)",
+                ));
+            }
+            if group.columns.is_empty() {
+                return Err(OpError::plan(name, "-", "group lists no columns"));
+            }
+            let mut columns = Vec::with_capacity(group.columns.len());
+            let mut offset = 0;
+            for column in &group.columns {
+                let field = input.field_with_name(column).map_err(|_| {
+                    OpError::plan(
+                        name,
+                        column,
+                        format!(
+                            "no such column in the input (it has: {})",
+                            field_names(input)
+                        ),
+                    )
+                })?;
+                let source = source_of(field.data_type()).ok_or_else(|| {
+                    OpError::plan(
+                        name,
+                        column,
+                        format!("type {} is neither numeric nor string", field.data_type()),
+                    )
+                })?;
+                let width = check_chain(group, column, source)?;
+                columns.push(ColumnPlan {
+                    name: column.clone(),
+                    source,
+                    offset,
+                });
+                offset += width;
+            }
+            plans.push(GroupPlan {
+                spec: group.clone(),
+                columns,
+                width: offset,
+            });
+        }
+        if let Some(label) = label {
+            let field = input.field_with_name(&label.column).map_err(|_| {
+                OpError::plan(
+                    "label",
+                    &label.column,
+                    format!(
+                        "no such column in the input (it has: {})",
+                        field_names(input)
+                    ),
+                )
+            })?;
+            if !matches!(source_of(field.data_type()), Some(Source::Numeric { .. })) {
+                return Err(OpError::plan(
+                    "label",
+                    &label.column,
+                    format!("type {} is not numeric", field.data_type()),
+                ));
+            }
+        }
+        let output = output_schema(&plans, label);
+        Ok(FeaturePlan {
+            pipeline: pipeline.to_string(),
+            groups: plans,
+            label: label.cloned(),
+            output,
+        })
+    }
+
+    /// The schema of every batch the plan produces: `row_id`, `label` (if any), then one
+    /// tensor column per group.
+    pub fn output_schema(&self) -> SchemaRef {
+        self.output.clone()
+    }
+
+    /// The pipeline's name.
+    pub fn pipeline(&self) -> &str {
+        &self.pipeline
+    }
+
+    /// The input columns the plan reads, label first.
+    pub fn input_columns(&self) -> Vec<String> {
+        let mut cols: Vec<String> = self.label.iter().map(|l| l.column.clone()).collect();
+        for g in &self.groups {
+            for c in &g.columns {
+                if !cols.contains(&c.name) {
+                    cols.push(c.name.clone());
+                }
+            }
+        }
+        cols
+    }
+
+    /// Input string columns, which are best read dictionary-encoded.
+    pub fn string_columns(&self) -> Vec<String> {
+        self.groups
+            .iter()
+            .flat_map(|g| g.columns.iter())
+            .filter(|c| c.source == Source::Str)
+            .map(|c| c.name.clone())
+            .collect()
+    }
+
+    /// How many passes fitting needs: a fitted step's input depends on the fitted steps
+    /// before it, so the k-th fitted step of a chain is fitted in pass k.
+    pub fn fit_passes(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| g.spec.steps.iter().filter(|s| s.is_fitted()).count())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+fn field_names(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn source_of(t: &DataType) -> Option<Source> {
+    if t.is_integer() {
+        Some(Source::Numeric { integer: true })
+    } else if t.is_floating() || t.is_numeric() || *t == DataType::Boolean {
+        Some(Source::Numeric { integer: false })
+    } else if is_string_type(t) {
+        Some(Source::Str)
+    } else {
+        None
+    }
+}
+
+/// Checks a group's chain for one column and returns how many tensor slots it fills.
+///
+/// Shapes allowed:
+/// - numeric: float steps*, then optionally a bucket step, then optionally one_hot
+///   (dense only); an ids group needs an index: a bucket step, or an integer column with
+///   no steps;
+/// - string: vocab or hash_bucket, then one_hot in a dense group.
+fn check_chain(group: &FeatureGroup, column: &str, source: Source) -> Result<usize> {
+    let bad = |reason: String| Err(OpError::plan(&group.name, column, reason));
+    let steps = &group.steps;
+    let mut index = false; // the chain has produced an integer index
+    let mut one_hot = None;
+    for step in steps {
+        let s = step.to_string();
+        if one_hot.is_some() {
+            return bad(format!("step `{s}` follows one_hot, which must come last"));
+        }
+        match (step, source) {
+            (Step::Vocab { .. } | Step::HashBucket(_), Source::Str) if !index => index = true,
+            (Step::Vocab { .. } | Step::HashBucket(_), Source::Str) => {
+                return bad(format!("step `{s}` comes twice"));
+            }
+            (Step::Vocab { .. } | Step::HashBucket(_), Source::Numeric { .. }) => {
+                return bad(format!("step `{s}` needs a string column"));
+            }
+            (Step::OneHot(n), _) => {
+                if group.kind == GroupKind::Ids {
+                    return bad(format!(
+                        "step `{s}` makes floats; it belongs in a dense group"
+                    ));
+                }
+                if !index && !matches!(source, Source::Numeric { integer: true }) {
+                    return bad(format!(
+                        "step `{s}` needs an index: put vocab, hash_bucket or bucketize before it"
+                    ));
+                }
+                one_hot = Some(*n);
+            }
+            (_, Source::Str) if !index => {
+                return bad(format!(
+                    "step `{s}` needs a number; a string column starts with vocab or hash_bucket"
+                ));
+            }
+            (_, _) if index => return bad(format!("step `{s}` cannot follow an index step")),
+            (Step::Bucketize(_) | Step::QuantileBucketize(_), _) => index = true,
+            _ => {}
+        }
+    }
+    let integer = matches!(source, Source::Numeric { integer: true });
+    match group.kind {
+        GroupKind::Ids if !index && !(integer && steps.is_empty()) => bad(
+            "an ids group needs an integer id: end the chain with vocab, hash_bucket, bucketize or \
+             quantile_bucketize (or give an integer column no steps)"
+                .into(),
+        ),
+        GroupKind::Dense if source == Source::Str && one_hot.is_none() => {
+            bad("a string column in a dense group needs one_hot(n) after its index step".into())
+        }
+        _ => Ok(one_hot.unwrap_or(1)),
+    }
+}
+
+fn output_schema(groups: &[GroupPlan], label: Option<&LabelSpec>) -> SchemaRef {
+    let mut fields = vec![Field::new(ROW_ID, DataType::UInt64, false)];
+    if let Some(label) = label {
+        let t = match label.dtype {
+            LabelType::Float32 => DataType::Float32,
+            LabelType::Int64 => DataType::Int64,
+        };
+        fields.push(Field::new("label", t, true));
+    }
+    for g in groups {
+        let item = match g.spec.kind {
+            GroupKind::Dense => DataType::Float32,
+            GroupKind::Ids => DataType::Int64,
+        };
+        let list =
+            DataType::FixedSizeList(Arc::new(Field::new_list_field(item, false)), g.width as i32);
+        fields.push(Field::new(&g.spec.name, list, false));
+    }
+    Arc::new(Schema::new(fields))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::new("x", DataType::Float64, true),
+            Field::new("n", DataType::Int32, true),
+            Field::new("s", DataType::Utf8, true),
+            Field::new(
+                "d",
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                true,
+            ),
+            Field::new("b", DataType::Binary, true),
+        ])
+    }
+
+    fn group(kind: GroupKind, cols: &[&str], steps: &[&str]) -> FeatureGroup {
+        FeatureGroup::new(
+            "g",
+            kind,
+            cols,
+            steps.iter().map(|s| Step::parse(s).unwrap()).collect(),
+        )
+    }
+
+    #[test]
+    fn accepts_the_shapes_it_documents() {
+        use GroupKind::*;
+        for (kind, cols, steps, width) in [
+            (
+                Dense,
+                &["x", "n"][..],
+                &["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"][..],
+                2,
+            ),
+            (Dense, &["x"], &["bucketize(0, 1)"], 1),
+            (Dense, &["x"], &["quantile_bucketize(4)", "one_hot(6)"], 6),
+            (
+                Dense,
+                &["s", "d"],
+                &["vocab(max_size=9)", "one_hot(10)"],
+                20,
+            ),
+            (Dense, &["n"], &["one_hot(3)"], 3),
+            (Ids, &["s", "d"], &["hash_bucket(100)"], 2),
+            (Ids, &["x"], &["min_max", "bucketize(0.5)"], 1),
+            (Ids, &["n"], &[], 1),
+        ] {
+            let g = group(kind, cols, steps);
+            let plan =
+                FeaturePlan::compile("p", std::slice::from_ref(&g), None, &schema()).unwrap();
+            assert_eq!(plan.groups[0].width, width, "{steps:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_chains_naming_group_and_column() {
+        use GroupKind::*;
+        for (kind, cols, steps, needle) in [
+            (Dense, &["nope"][..], &[][..], "no such column"),
+            (Dense, &["b"], &[], "neither numeric nor string"),
+            (Dense, &["s"], &["log1p"], "needs a number"),
+            (Dense, &["x"], &["vocab"], "needs a string"),
+            (Dense, &["s"], &["vocab"], "needs one_hot"),
+            (Ids, &["x"], &["log1p"], "ids group needs an integer id"),
+            (
+                Ids,
+                &["s"],
+                &["vocab", "one_hot(3)"],
+                "belongs in a dense group",
+            ),
+            (Dense, &["x"], &["one_hot(3)"], "needs an index"),
+            (
+                Dense,
+                &["x"],
+                &["bucketize(1)", "log1p"],
+                "cannot follow an index",
+            ),
+            (
+                Dense,
+                &["s"],
+                &["vocab", "one_hot(3)", "one_hot(3)"],
+                "must come last",
+            ),
+            (Ids, &["s"], &["vocab", "hash_bucket(3)"], "comes twice"),
+            (Dense, &[], &[], "no columns"),
+        ] {
+            let g = group(kind, cols, steps);
+            let err = FeaturePlan::compile("p", &[g], None, &schema())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(needle) && err.contains("group `g`"),
+                "{steps:?}: {err}"
+            );
+        }
+        let label = LabelSpec {
+            column: "s".into(),
+            dtype: LabelType::Float32,
+        };
+        let err = FeaturePlan::compile("p", &[], Some(&label), &schema())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not numeric"), "{err}");
+    }
+
+    #[test]
+    fn output_schema_and_fit_passes() {
+        let groups = [
+            group(
+                GroupKind::Dense,
+                &["x"],
+                &["standardize", "quantile_bucketize(3)"],
+            ),
+            FeatureGroup::new(
+                "ids",
+                GroupKind::Ids,
+                &["s"],
+                vec![Step::parse("vocab").unwrap()],
+            ),
+        ];
+        let label = LabelSpec {
+            column: "n".into(),
+            dtype: LabelType::Float32,
+        };
+        let plan = FeaturePlan::compile("p", &groups, Some(&label), &schema()).unwrap();
+        let names: Vec<_> = plan
+            .output_schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, ["row_id", "label", "g", "ids"]);
+        assert_eq!(plan.fit_passes(), 2);
+        assert_eq!(plan.input_columns(), ["n", "x", "s"]);
+        assert_eq!(plan.string_columns(), ["s"]);
+    }
+}

@@ -1,0 +1,265 @@
+//! `Transformer`: a [`FeaturePlan`] bound to fitted parameters, applied batch by batch.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
+};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Field, Int64Type};
+
+use crate::bind::{bind_numeric, column, numeric_values, param, wrong_param};
+use crate::error::{OpError, Result};
+use crate::group::{GroupKind, LabelType};
+use crate::kernels::categorical::{DictCache, Lookup, VocabIndex, one_hot, strings_to_index};
+use crate::kernels::numeric::{NumOp, chain_to_bucket, chain_to_f32};
+use crate::plan::{FeaturePlan, ROW_ID, Source};
+use crate::state::{FittedParam, FittedState};
+use crate::step::Step;
+
+/// How one column becomes tensor values.
+#[derive(Debug, Clone)]
+enum Bound {
+    /// Float steps into float32 slots.
+    Float(Vec<NumOp>),
+    /// Float steps, then a bucket index.
+    Bucket(Vec<NumOp>, Arc<[f64]>),
+    /// An integer column taken as an index (null becomes -1).
+    IntPass,
+    /// A string looked up in a vocabulary or hashed.
+    Str(Arc<Lookup>, DictCache),
+}
+
+#[derive(Debug, Clone)]
+struct BoundColumn {
+    name: String,
+    offset: usize,
+    bound: Bound,
+    one_hot: Option<usize>,
+}
+
+/// A plan with its parameters, ready to featurize batches. Cheap to clone: one per worker.
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    plan: Arc<FeaturePlan>,
+    columns: Vec<Vec<BoundColumn>>,
+    state_version: u64,
+    // Scratch space reused across batches, so the hot path does not allocate per column.
+    scratch: Vec<i64>,
+}
+
+impl FeaturePlan {
+    /// Binds the plan to `state`, failing if a fitted step has no parameters in it.
+    pub fn transformer(&self, state: &FittedState) -> Result<Transformer> {
+        if state.pipeline != self.pipeline {
+            return Err(OpError::State(format!(
+                "it was fitted for pipeline `{}`, not `{}`",
+                state.pipeline, self.pipeline
+            )));
+        }
+        let mut columns = Vec::with_capacity(self.groups.len());
+        for g in &self.groups {
+            let steps = &g.spec.steps;
+            let mut bound = Vec::with_capacity(g.columns.len());
+            for c in &g.columns {
+                let (name, col) = (&g.spec.name, &c.name);
+                let one_hot = match steps.last() {
+                    Some(Step::OneHot(n)) => Some(*n),
+                    _ => None,
+                };
+                let chain = &steps[..steps.len() - one_hot.is_some() as usize];
+                let b = match (c.source, chain.last()) {
+                    (Source::Str, Some(step @ Step::Vocab { .. })) => {
+                        match param(state, name, col, 0, step)? {
+                            FittedParam::Vocab { values } => Bound::Str(
+                                Arc::new(Lookup::Vocab(VocabIndex::new(values))),
+                                DictCache::default(),
+                            ),
+                            _ => return Err(wrong_param(name, col, step)),
+                        }
+                    }
+                    (Source::Str, Some(Step::HashBucket(n))) => {
+                        Bound::Str(Arc::new(Lookup::Hash(*n)), DictCache::default())
+                    }
+                    (Source::Numeric { .. }, Some(Step::Bucketize(b))) => Bound::Bucket(
+                        bind_numeric(name, col, &chain[..chain.len() - 1], chain.len(), state)?,
+                        b.clone().into(),
+                    ),
+                    (Source::Numeric { .. }, Some(step @ Step::QuantileBucketize(_))) => {
+                        let at = chain.len() - 1;
+                        let boundaries = match param(state, name, col, at, step)? {
+                            FittedParam::Quantiles { boundaries } => boundaries.clone().into(),
+                            _ => return Err(wrong_param(name, col, step)),
+                        };
+                        Bound::Bucket(
+                            bind_numeric(name, col, &chain[..at], at, state)?,
+                            boundaries,
+                        )
+                    }
+                    (Source::Numeric { integer: true }, None)
+                        if one_hot.is_some() || g.spec.kind == GroupKind::Ids =>
+                    {
+                        Bound::IntPass
+                    }
+                    (Source::Numeric { .. }, _) => {
+                        Bound::Float(bind_numeric(name, col, chain, chain.len(), state)?)
+                    }
+                    (Source::Str, _) => unreachable!("the plan checked string chains"),
+                };
+                bound.push(BoundColumn {
+                    name: c.name.clone(),
+                    offset: c.offset,
+                    bound: b,
+                    one_hot,
+                });
+            }
+            columns.push(bound);
+        }
+        Ok(Transformer {
+            plan: Arc::new(self.clone()),
+            columns,
+            state_version: state.version,
+            scratch: Vec::new(),
+        })
+    }
+}
+
+impl Transformer {
+    /// The plan this transformer applies.
+    pub fn plan(&self) -> &FeaturePlan {
+        &self.plan
+    }
+
+    /// The version of the fitted state it uses.
+    pub fn state_version(&self) -> u64 {
+        self.state_version
+    }
+
+    /// Featurizes one batch, which must hold `row_id` and the plan's input columns.
+    pub fn apply(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let rows = batch.num_rows();
+        let row_id = batch
+            .column_by_name(ROW_ID)
+            .filter(|c| c.data_type() == &DataType::UInt64)
+            .ok_or_else(|| OpError::Schema(format!("no UInt64 `{ROW_ID}` column")))?;
+        let mut out: Vec<ArrayRef> = vec![row_id.clone()];
+        if let Some(label) = &self.plan.label {
+            let t = match label.dtype {
+                LabelType::Float32 => DataType::Float32,
+                LabelType::Int64 => DataType::Int64,
+            };
+            out.push(cast(column(batch, "label", &label.column)?, &t)?);
+        }
+        for (g, cols) in self.plan.groups.iter().zip(&mut self.columns) {
+            let width = g.width;
+            let name = &g.spec.name;
+            let tensor: ArrayRef = match g.spec.kind {
+                GroupKind::Dense => {
+                    let mut values = vec![0f32; rows * width];
+                    for c in cols.iter_mut() {
+                        dense_column(batch, name, c, width, &mut self.scratch, &mut values)?;
+                    }
+                    let item = Arc::new(Field::new_list_field(DataType::Float32, false));
+                    Arc::new(FixedSizeListArray::try_new(
+                        item,
+                        width as i32,
+                        Arc::new(Float32Array::from(values)),
+                        None,
+                    )?)
+                }
+                GroupKind::Ids => {
+                    let mut values = vec![0i64; rows * width];
+                    for c in cols.iter_mut() {
+                        self.scratch.resize(rows, 0);
+                        index_column(batch, name, c, &mut self.scratch)?;
+                        scatter(&self.scratch, width, c.offset, &mut values);
+                    }
+                    let item = Arc::new(Field::new_list_field(DataType::Int64, false));
+                    Arc::new(FixedSizeListArray::try_new(
+                        item,
+                        width as i32,
+                        Arc::new(Int64Array::from(values)),
+                        None,
+                    )?)
+                }
+            };
+            out.push(tensor);
+        }
+        Ok(RecordBatch::try_new(self.plan.output_schema(), out)?)
+    }
+}
+
+/// Writes one column's slots of a dense tensor.
+fn dense_column(
+    batch: &RecordBatch,
+    group: &str,
+    c: &mut BoundColumn,
+    width: usize,
+    scratch: &mut Vec<i64>,
+    out: &mut [f32],
+) -> Result<()> {
+    if let Bound::Float(ops) = &c.bound {
+        let values = numeric_values(column(batch, group, &c.name)?, group, &c.name)?;
+        chain_to_f32(values.values(), values.nulls(), ops, out, width, c.offset);
+        return Ok(());
+    }
+    scratch.resize(batch.num_rows(), 0);
+    index_column(batch, group, c, scratch)?;
+    match c.one_hot {
+        Some(n) => one_hot(scratch, n, width, c.offset, out),
+        None => {
+            for (r, &i) in scratch.iter().enumerate() {
+                out[r * width + c.offset] = i as f32;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Computes one column's integer index per row.
+fn index_column(
+    batch: &RecordBatch,
+    group: &str,
+    c: &mut BoundColumn,
+    out: &mut [i64],
+) -> Result<()> {
+    let array = column(batch, group, &c.name)?;
+    match &mut c.bound {
+        Bound::Bucket(ops, boundaries) => {
+            let values = numeric_values(array, group, &c.name)?;
+            chain_to_bucket(values.values(), values.nulls(), ops, boundaries, out);
+        }
+        Bound::IntPass => {
+            let ints = cast(array, &DataType::Int64)?;
+            let ints = ints.as_primitive::<Int64Type>();
+            out.copy_from_slice(ints.values());
+            if let Some(nulls) = ints.nulls() {
+                out.iter_mut()
+                    .zip(nulls.iter())
+                    .for_each(|(o, valid)| *o = if valid { *o } else { -1 });
+            }
+        }
+        Bound::Str(lookup, cache) => {
+            if !crate::kernels::categorical::is_string_type(array.data_type()) {
+                return Err(OpError::Schema(format!(
+                    "group `{group}`: column `{}` is {}, expected strings",
+                    c.name,
+                    array.data_type()
+                )));
+            }
+            strings_to_index(array.as_ref(), lookup, cache, out)?;
+        }
+        Bound::Float(_) => unreachable!("float columns have no index"),
+    }
+    Ok(())
+}
+
+fn scatter(column: &[i64], width: usize, offset: usize, out: &mut [i64]) {
+    if width == 1 {
+        out.copy_from_slice(column);
+    } else {
+        for (r, &v) in column.iter().enumerate() {
+            out[r * width + offset] = v;
+        }
+    }
+}
