@@ -1,0 +1,75 @@
+//! The one error type of the `hydrant` crate. Every variant prints as one line that names
+//! what was wrong: the file, the group, the column.
+
+use std::path::PathBuf;
+
+/// Everything that can stop a hydrant command.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The pipeline file is malformed or does not fit the input.
+    #[error("pipeline {file}: {reason}")]
+    Spec {
+        /// The pipeline file (or `<builder>` for pipelines built in code).
+        file: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An input file cannot be read as what it claims to be.
+    #[error("input {path}: {reason}")]
+    Input {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A fitted state file is unreadable or does not match the pipeline.
+    #[error("state {path}: {reason}")]
+    State {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A feature transform failed.
+    #[error(transparent)]
+    Op(#[from] Box<hydrant_operators::OpError>),
+    /// Writing output failed.
+    #[error("sink {sink}: {reason}")]
+    Sink {
+        /// The sink as given.
+        sink: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A command-line value is out of range or inconsistent.
+    #[error("{0}")]
+    Usage(String),
+    /// The dataflow could not start or a worker failed.
+    #[error("dataflow: {0}")]
+    Dataflow(String),
+}
+
+impl From<hydrant_operators::OpError> for Error {
+    fn from(e: hydrant_operators::OpError) -> Self {
+        Error::Op(Box::new(e))
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Flattens an error's text to one line (parser errors often span several).
+pub(crate) fn one_line(text: impl std::fmt::Display) -> String {
+    text.to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn error_stays_small() {
+        assert!(std::mem::size_of::<super::Error>() <= 64);
+    }
+}

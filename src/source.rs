@@ -1,0 +1,331 @@
+//! Inputs: Parquet files (or folders of them) and Arrow IPC files, cut into units of work
+//! (a Parquet row group, an IPC file) that workers read independently. Every batch read
+//! gets `row_id`: the row's ordinal in the input, counting files in the order given.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{RecordBatch, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::ipc::reader::FileReader;
+use hydrant_operators::{Batch, FeaturePlan, ROW_ID};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+
+use crate::error::{Error, Result, one_line};
+
+enum Format {
+    /// Footer metadata, read once; `reader` is rebuilt by `prepare` with type hints.
+    Parquet { reader: ArrowReaderMetadata },
+    /// Row counts of each record batch in the file.
+    Ipc { batch_rows: Vec<u64> },
+}
+
+struct InputFile {
+    path: PathBuf,
+    format: Format,
+    schema: SchemaRef,
+}
+
+/// A piece of input one worker reads: a Parquet row group or a whole IPC file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unit {
+    file: usize,
+    row_group: Option<usize>,
+    /// `row_id` of its first row.
+    pub first_row: u64,
+    /// Rows it holds.
+    pub rows: u64,
+    /// Sequence number of its first batch among all the input's batches.
+    pub first_seq: u64,
+}
+
+/// The inputs of a run, opened and checked.
+pub struct Inputs {
+    files: Vec<InputFile>,
+    units: Vec<Unit>,
+    batch_rows: usize,
+    /// Root column indices to read, per file (all when `None`).
+    projection: Vec<Option<Vec<usize>>>,
+}
+
+impl Inputs {
+    /// Opens `paths` (files, or folders whose `.parquet`/`.arrow`/`.ipc` files are taken in
+    /// name order), reading only their footers.
+    pub fn open(paths: &[PathBuf], batch_rows: usize) -> Result<Self> {
+        if paths.is_empty() {
+            return Err(Error::Usage("no --input given".into()));
+        }
+        let mut files = Vec::new();
+        for p in paths {
+            for path in expand(p)? {
+                files.push(open_file(&path, batch_rows)?);
+            }
+        }
+        let mut units = Vec::new();
+        let (mut row, mut seq) = (0u64, 0u64);
+        for (i, f) in files.iter().enumerate() {
+            match &f.format {
+                Format::Parquet { reader } => {
+                    for (g, rg) in reader.metadata().row_groups().iter().enumerate() {
+                        let rows = rg.num_rows().max(0) as u64;
+                        units.push(Unit {
+                            file: i,
+                            row_group: Some(g),
+                            first_row: row,
+                            rows,
+                            first_seq: seq,
+                        });
+                        row += rows;
+                        seq += rows.div_ceil(batch_rows as u64);
+                    }
+                }
+                Format::Ipc { batch_rows } => {
+                    let rows = batch_rows.iter().sum();
+                    units.push(Unit {
+                        file: i,
+                        row_group: None,
+                        first_row: row,
+                        rows,
+                        first_seq: seq,
+                    });
+                    row += rows;
+                    seq += batch_rows.len() as u64;
+                }
+            }
+        }
+        let projection = vec![None; files.len()];
+        Ok(Inputs {
+            files,
+            units,
+            batch_rows,
+            projection,
+        })
+    }
+
+    /// The schema of the first input file, which the pipeline is checked against.
+    pub fn schema(&self) -> SchemaRef {
+        self.files[0].schema.clone()
+    }
+
+    /// Rows in all inputs.
+    pub fn total_rows(&self) -> u64 {
+        self.units.iter().map(|u| u.rows).sum()
+    }
+
+    /// Units of work, in input order.
+    pub fn units(&self) -> &[Unit] {
+        &self.units
+    }
+
+    /// Checks every file against the plan, and arranges to read only the columns it needs,
+    /// with string columns dictionary-encoded (so each distinct value is mapped once).
+    pub fn prepare(
+        &mut self,
+        plan: &FeaturePlan,
+        check: impl Fn(&Schema) -> Result<FeaturePlan>,
+    ) -> Result<()> {
+        let wanted = plan.input_columns();
+        let strings = plan.string_columns();
+        for (i, f) in self.files.iter_mut().enumerate() {
+            check(&f.schema).map_err(|e| match e {
+                Error::Spec { reason, .. } => Error::Input {
+                    path: f.path.clone(),
+                    reason,
+                },
+                other => other,
+            })?;
+            let indices: Vec<usize> = wanted
+                .iter()
+                .filter_map(|c| f.schema.index_of(c).ok())
+                .collect();
+            if let Format::Parquet { reader } = &mut f.format {
+                let hinted: Vec<Field> = f
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|field| match field.data_type() {
+                        t @ (DataType::Utf8 | DataType::LargeUtf8)
+                            if strings.contains(field.name()) =>
+                        {
+                            field.as_ref().clone().with_data_type(DataType::Dictionary(
+                                Box::new(DataType::Int32),
+                                Box::new(t.clone()),
+                            ))
+                        }
+                        _ => field.as_ref().clone(),
+                    })
+                    .collect();
+                let options = ArrowReaderOptions::new().with_schema(Arc::new(Schema::new(hinted)));
+                *reader = ArrowReaderMetadata::try_new(reader.metadata().clone(), options)
+                    .map_err(|e| Error::Input {
+                        path: f.path.clone(),
+                        reason: one_line(e),
+                    })?;
+            }
+            self.projection[i] = Some(indices);
+        }
+        Ok(())
+    }
+
+    /// Reads one unit as batches carrying `row_id`.
+    pub fn read(&self, unit: &Unit) -> Result<Box<dyn Iterator<Item = Result<Batch>> + Send>> {
+        let f = &self.files[unit.file];
+        let path = f.path.clone();
+        let input_err = move |e: &dyn std::fmt::Display| Error::Input {
+            path: path.clone(),
+            reason: one_line(e),
+        };
+        let file = File::open(&f.path).map_err(|e| input_err(&e))?;
+        let batches: Box<
+            dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send,
+        > = match &f.format {
+            Format::Parquet { reader } => {
+                let mut b =
+                    ParquetRecordBatchReaderBuilder::new_with_metadata(file, reader.clone())
+                        .with_batch_size(self.batch_rows)
+                        .with_row_groups(vec![unit.row_group.unwrap_or(0)]);
+                if let Some(p) = &self.projection[unit.file] {
+                    let mask = ProjectionMask::roots(b.parquet_schema(), p.iter().copied());
+                    b = b.with_projection(mask);
+                }
+                Box::new(b.build().map_err(|e| input_err(&e))?)
+            }
+            Format::Ipc { .. } => Box::new(
+                FileReader::try_new(file, self.projection[unit.file].clone())
+                    .map_err(|e| input_err(&e))?,
+            ),
+        };
+        let (mut row, mut seq) = (unit.first_row, unit.first_seq);
+        let end = unit.first_row + unit.rows;
+        let path = f.path.clone();
+        Ok(Box::new(
+            batches
+                .filter(|b| b.as_ref().map_or(true, |b| b.num_rows() > 0))
+                .map(move |b| {
+                    let b = b.map_err(|e| Error::Input {
+                        path: path.clone(),
+                        reason: one_line(e),
+                    })?;
+                    let n = b.num_rows() as u64;
+                    if row + n > end {
+                        return Err(Error::Input {
+                            path: path.clone(),
+                            reason: "holds more rows than its footer says".into(),
+                        });
+                    }
+                    let batch = with_row_id(b, row).map_err(|e| Error::Input {
+                        path: path.clone(),
+                        reason: one_line(e),
+                    })?;
+                    let out = Batch { seq, data: batch };
+                    row += n;
+                    seq += 1;
+                    Ok(out)
+                }),
+        ))
+    }
+}
+
+fn with_row_id(
+    batch: RecordBatch,
+    first: u64,
+) -> std::result::Result<RecordBatch, arrow::error::ArrowError> {
+    let ids = UInt64Array::from_iter_values(first..first + batch.num_rows() as u64);
+    let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(ROW_ID, DataType::UInt64, false)));
+    let mut columns = batch.columns().to_vec();
+    columns.push(Arc::new(ids));
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+/// A path as the files it names: itself, or a folder's data files in name order.
+fn expand(path: &Path) -> Result<Vec<PathBuf>> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::Input {
+        path: path.into(),
+        reason: one_line(e),
+    })?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| Error::Input {
+            path: path.into(),
+            reason: one_line(e),
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .and_then(|e| e.to_str())
+                    .is_some_and(|e| matches!(e, "parquet" | "arrow" | "ipc" | "feather"))
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Input {
+            path: path.into(),
+            reason: "folder holds no .parquet, .arrow or .ipc files".into(),
+        });
+    }
+    Ok(files)
+}
+
+fn open_file(path: &Path, _batch_rows: usize) -> Result<InputFile> {
+    let err = |reason: String| Error::Input {
+        path: path.into(),
+        reason,
+    };
+    let mut file = File::open(path).map_err(|e| err(one_line(e)))?;
+    let mut magic = [0u8; 6];
+    let n = file.read(&mut magic).map_err(|e| err(one_line(e)))?;
+    if n >= 4 && &magic[..4] == b"PAR1" {
+        let reader = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
+            .map_err(|e| err(format!("not a readable Parquet file: {}", one_line(e))))?;
+        let schema = reader.schema().clone();
+        if schema.index_of(ROW_ID).is_ok() {
+            return Err(err(format!(
+                "has a column named `{ROW_ID}`, which hydrant adds itself"
+            )));
+        }
+        return Ok(InputFile {
+            path: path.into(),
+            schema,
+            format: Format::Parquet { reader },
+        });
+    }
+    if n == 6 && &magic == b"ARROW1" {
+        let file = File::open(path).map_err(|e| err(one_line(e)))?;
+        let reader = FileReader::try_new(file, None)
+            .map_err(|e| err(format!("not a readable Arrow IPC file: {}", one_line(e))))?;
+        let schema = reader.schema();
+        if schema.index_of(ROW_ID).is_ok() {
+            return Err(err(format!(
+                "has a column named `{ROW_ID}`, which hydrant adds itself"
+            )));
+        }
+        // Row counts are needed up front to number rows; read the smallest column.
+        let file = File::open(path).map_err(|e| err(one_line(e)))?;
+        let projection = if schema.fields().is_empty() {
+            None
+        } else {
+            Some(vec![0])
+        };
+        let counter = FileReader::try_new(file, projection).map_err(|e| err(one_line(e)))?;
+        let batch_rows = counter
+            .map(|b| b.map(|b| b.num_rows() as u64))
+            .filter(|r| r.as_ref().map_or(true, |&r| r > 0))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| err(format!("not a readable Arrow IPC file: {}", one_line(e))))?;
+        return Ok(InputFile {
+            path: path.into(),
+            schema,
+            format: Format::Ipc { batch_rows },
+        });
+    }
+    Err(err("not a Parquet or Arrow IPC file".into()))
+}

@@ -1,0 +1,219 @@
+//! `PipelineSpec`: a pipeline as written in TOML.
+//!
+//! ```toml
+//! name = "criteo"
+//! label = { column = "label", type = "float32" }
+//!
+//! [[group]]
+//! name = "dense"
+//! kind = "dense"
+//! columns = ["i0", "i1"]
+//! steps = ["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"]
+//! ```
+
+use std::path::Path;
+
+use arrow::datatypes::Schema;
+use hydrant_operators::{FeatureGroup, FeaturePlan, GroupKind, LabelSpec, Step};
+use serde::Deserialize;
+
+use crate::error::{Error, Result, one_line};
+
+/// Rows per batch read from the input, unless the pipeline says otherwise.
+pub const DEFAULT_BATCH_ROWS: usize = 8192;
+
+/// A pipeline: its inputs' features, label and batching.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineSpec {
+    /// Name: what tickets, states and summaries call it.
+    pub name: String,
+    /// Where the file came from, for error messages.
+    pub origin: String,
+    /// The label, if the pipeline delivers one.
+    pub label: Option<LabelSpec>,
+    /// Feature groups, in output order.
+    pub groups: Vec<FeatureGroup>,
+    /// Rows per batch read from the input.
+    pub batch_rows: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    name: String,
+    label: Option<LabelSpec>,
+    #[serde(default)]
+    batch_rows: Option<usize>,
+    #[serde(rename = "group", default)]
+    groups: Vec<RawGroup>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: String,
+    kind: GroupKind,
+    columns: Vec<String>,
+    #[serde(default)]
+    steps: Vec<String>,
+}
+
+impl PipelineSpec {
+    /// Reads and checks a pipeline file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Spec {
+            file: origin.clone(),
+            reason: one_line(e),
+        })?;
+        Self::from_toml(&text, &origin)
+    }
+
+    /// Parses a pipeline from TOML text; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self> {
+        let spec_err = |reason: String| Error::Spec {
+            file: origin.to_string(),
+            reason,
+        };
+        let raw: RawSpec = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            spec_err(match line {
+                Some(l) => format!("line {l}: {}", one_line(e.message())),
+                None => one_line(e.message()),
+            })
+        })?;
+        let mut groups = Vec::with_capacity(raw.groups.len());
+        for g in raw.groups {
+            let steps = g
+                .steps
+                .iter()
+                .map(|s| Step::parse(s).map_err(|e| spec_err(format!("group `{}`: {e}", g.name))))
+                .collect::<Result<Vec<_>>>()?;
+            groups.push(FeatureGroup {
+                name: g.name,
+                kind: g.kind,
+                columns: g.columns,
+                steps,
+            });
+        }
+        let spec = PipelineSpec {
+            name: raw.name,
+            origin: origin.to_string(),
+            label: raw.label,
+            groups,
+            batch_rows: raw.batch_rows.unwrap_or(DEFAULT_BATCH_ROWS),
+        };
+        spec.check()?;
+        Ok(spec)
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |reason: &str| {
+            Err(Error::Spec {
+                file: self.origin.clone(),
+                reason: reason.to_string(),
+            })
+        };
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return bad("name must be non-empty letters, digits, `_` or `-`");
+        }
+        if self.groups.is_empty() {
+            return bad("no [[group]] of features");
+        }
+        if self.batch_rows == 0 {
+            return bad("batch_rows must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// Checks the pipeline against an input schema, before any data is read.
+    pub fn plan(&self, schema: &Schema) -> Result<FeaturePlan> {
+        FeaturePlan::compile(&self.name, &self.groups, self.label.as_ref(), schema).map_err(|e| {
+            Error::Spec {
+                file: self.origin.clone(),
+                reason: e.to_string(),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::{DataType, Field};
+
+    const GOOD: &str = r#"
+name = "t"
+label = { column = "y" }
+batch_rows = 100
+
+[[group]]
+name = "dense"
+kind = "dense"
+columns = ["a"]
+steps = ["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"]
+"#;
+
+    #[test]
+    fn parses_a_pipeline() {
+        let spec = PipelineSpec::from_toml(GOOD, "t.toml").unwrap();
+        assert_eq!(spec.name, "t");
+        assert_eq!(spec.batch_rows, 100);
+        assert_eq!(spec.groups[0].steps.len(), 4);
+        let schema = Schema::new(vec![
+            Field::new("a", DataType::Float64, true),
+            Field::new("y", DataType::Int32, false),
+        ]);
+        assert!(spec.plan(&schema).is_ok());
+    }
+
+    #[test]
+    fn errors_name_the_file_group_and_problem() {
+        for (text, needles) in [
+            (
+                GOOD.replace("log1p", "lg"),
+                vec!["t.toml", "group `dense`", "step `lg`", "unknown step"],
+            ),
+            (
+                GOOD.replace("clip(-3, 3)", "clip(3, -3)"),
+                vec!["group `dense`", "lo <= hi"],
+            ),
+            (
+                GOOD.replace("kind = \"dense\"", "kind = \"sparse\""),
+                vec!["t.toml", "line", "sparse"],
+            ),
+            (
+                GOOD.replace("batch_rows = 100", "batch_rows = 100\ncolour = 1"),
+                vec!["unknown field", "colour"],
+            ),
+            (
+                GOOD.replace("batch_rows = 100", "batch_rows = 0"),
+                vec!["batch_rows"],
+            ),
+            ("name = \"x\"".to_string(), vec!["no [[group]]"]),
+            ("name = ".to_string(), vec!["t.toml", "line 1"]),
+        ] {
+            let err = PipelineSpec::from_toml(&text, "t.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(!err.contains('\n'), "{err}");
+            for n in needles {
+                assert!(err.contains(n), "{n:?} not in {err}");
+            }
+        }
+        let spec = PipelineSpec::from_toml(GOOD, "t.toml").unwrap();
+        let schema = Schema::new(vec![Field::new("b", DataType::Float64, true)]);
+        let err = spec.plan(&schema).unwrap_err().to_string();
+        assert!(
+            err.contains("t.toml") && err.contains("column `a`") && err.contains("no such column"),
+            "{err}"
+        );
+    }
+}
