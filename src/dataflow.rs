@@ -135,7 +135,7 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
             errors2.set("worker", e);
         }
         done2.fetch_add(1, Ordering::SeqCst);
-        result.map_err(|e| e.to_string())
+        result
     })
     .map_err(Error::Dataflow)?;
     while done.load(Ordering::SeqCst) < cluster.workers as u64 {
@@ -144,11 +144,7 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
     }
     let mut total = Report::default();
     for r in guards.join() {
-        let r = r.map_err(Error::Dataflow)?.map_err(|e| {
-            errors
-                .get()
-                .map_or(Error::Dataflow(e.clone()), Error::Dataflow)
-        })?;
+        let r = r.map_err(Error::Dataflow)??;
         total.rows += r.rows;
         total.batches += r.batches;
         total.fit = total.fit.max(r.fit);
@@ -193,11 +189,15 @@ fn run_worker(
     let (index, peers) = (worker.index(), worker.peers());
     let out = Rc::new(RefCell::new(Report::default()));
     // Shared with the sink operator, so that the worker can finish it once the stream ends.
-    let sink = Rc::new(RefCell::new(sink.open(
-        process,
-        index,
-        job.plan.output_schema(),
-    )?));
+    // A failure to open is recorded, not returned: every worker must build the dataflow.
+    let sink = match sink.open(process, index, job.plan.output_schema()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            errors.set("sink", e);
+            None
+        }
+    };
+    let sink = Rc::new(RefCell::new(sink));
     let sink2 = sink.clone();
     let mut input = InputHandle::new();
     let probe = ProbeHandle::new();
@@ -221,7 +221,9 @@ fn run_worker(
                             r.rows += b.data.num_rows() as u64;
                             r.batches += 1;
                             progress.fetch_add(b.data.num_rows() as u64, Ordering::Relaxed);
-                            if let Err(e) = sink2.borrow_mut().write(&b.data) {
+                            if let Some(Err(e)) =
+                                sink2.borrow_mut().as_mut().map(|s| s.write(&b.data))
+                            {
                                 errors2.set("sink", e);
                             }
                         }
@@ -233,8 +235,21 @@ fn run_worker(
 
     let mut time = 0u64;
     'units: for unit in job.inputs.units().iter().skip(index).step_by(peers) {
-        for batch in job.inputs.read(unit)? {
-            input.send(batch?);
+        let batches = match job.inputs.read(unit) {
+            Ok(b) => b,
+            Err(e) => {
+                errors.set("source", e);
+                break;
+            }
+        };
+        for batch in batches {
+            match batch {
+                Ok(b) => input.send(b),
+                Err(e) => {
+                    errors.set("source", e);
+                    break 'units;
+                }
+            }
             time += 1;
             input.advance_to(time);
             while probe.less_than(&time.saturating_sub(IN_FLIGHT)) {
@@ -249,7 +264,9 @@ fn run_worker(
     while !probe.done() {
         worker.step();
     }
-    sink.borrow_mut().finish()?;
+    if let Some(s) = sink.borrow_mut().as_mut() {
+        s.finish()?;
+    }
     let r = out.borrow();
     report.rows = r.rows;
     report.batches = r.batches;
@@ -266,9 +283,18 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
     for pass in 0..plan.fit_passes() {
         let state = FittedState::new(plan.pipeline(), params.clone());
         let mut fitter = plan.fitter(pass, &state)?;
+        // A failure is held until after the exchange below: every worker must take part in
+        // it, or the others would wait for this worker's statistics forever.
         let mut failed = None;
         'units: for unit in job.inputs.units().iter().skip(index).step_by(peers) {
-            for batch in job.inputs.read(unit)? {
+            let batches = match job.inputs.read(unit) {
+                Ok(b) => b,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            for batch in batches {
                 if let Err(e) = batch.and_then(|b| fitter.update(&b.data).map_err(Error::from)) {
                     failed = Some(e);
                     break 'units;
@@ -279,7 +305,9 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
             }
         }
         // Take part in the exchange even after a failure, so the other workers finish.
-        let gathered = Rc::new(RefCell::new(Vec::<(usize, FitPartial)>::new()));
+        let gathered = Rc::new(RefCell::new(
+            Vec::<(usize, Result<FitPartial, String>)>::new(),
+        ));
         let mut input = InputHandle::new();
         let probe = ProbeHandle::new();
         let g = gathered.clone();
@@ -287,10 +315,16 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
             scope
                 .input_from(&mut input)
                 .broadcast()
-                .inspect(move |p: &(usize, FitPartial)| g.borrow_mut().push(p.clone()))
+                .inspect(move |p: &(usize, Result<FitPartial, String>)| {
+                    g.borrow_mut().push(p.clone())
+                })
                 .probe_with(&probe);
         });
-        input.send((index, fitter.into_partial()));
+        let mine = match &failed {
+            None => Ok(fitter.into_partial()),
+            Some(e) => Err(e.to_string()),
+        };
+        input.send((index, mine));
         input.advance_to(1);
         drop(input);
         while !probe.done() {
@@ -303,7 +337,8 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
         parts.sort_by_key(|(i, _)| *i);
         let mut merged = FitPartial::default();
         for (_, p) in parts {
-            merged.merge(p);
+            // Every worker sees every failure, so all of them stop here together.
+            merged.merge(p.map_err(Error::Dataflow)?);
         }
         merged.finish(&mut params);
     }

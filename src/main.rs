@@ -271,6 +271,7 @@ fn run(args: &RunArgs) -> Result<Report> {
         "process": cluster.process,
         "sink": sink.to_string(),
         "state_version": report.state.as_ref().map(|s| s.version),
+        "peak_rss_mb": peak_rss_mb(),
     });
     if let Some(path) = &args.summary {
         std::fs::write(path, format!("{summary}\n"))
@@ -291,6 +292,19 @@ fn progress_bar(total: u64) -> ProgressBar {
         bar.set_style(style);
     }
     bar
+}
+
+/// This process's peak resident memory (Linux `VmHWM`), in MiB.
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(round3(kb / 1024.0))
 }
 
 fn round3(x: f64) -> f64 {

@@ -1,0 +1,247 @@
+//! Bad input gets one clear line naming what was wrong, and a non-zero exit; no panics.
+
+mod common;
+
+use common::*;
+
+fn setup() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = gen_criteo(dir.path(), 2_000, 1);
+    (dir, input.to_str().unwrap().to_string())
+}
+
+#[test]
+fn bad_files_are_named() {
+    let (dir, input) = setup();
+    let toml = criteo_toml();
+    let toml = toml.to_str().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+
+    let err = hydrant_err(&["run", "--pipeline", toml, "--input", &p("missing.parquet")]);
+    assert!(
+        err.contains("missing.parquet") && err.contains("No such file"),
+        "{err}"
+    );
+
+    std::fs::write(
+        p("text.parquet"),
+        "just some text, long enough to read a magic",
+    )
+    .unwrap();
+    let err = hydrant_err(&["run", "--pipeline", toml, "--input", &p("text.parquet")]);
+    assert!(
+        err.contains("text.parquet") && err.contains("not a Parquet or Arrow IPC file"),
+        "{err}"
+    );
+
+    let bytes = std::fs::read(&input).unwrap();
+    std::fs::write(p("truncated.parquet"), &bytes[..bytes.len() / 2]).unwrap();
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        toml,
+        "--input",
+        &p("truncated.parquet"),
+    ]);
+    assert!(
+        err.contains("truncated.parquet") && err.contains("not a readable Parquet file"),
+        "{err}"
+    );
+
+    // A truncated middle: the footer is intact but a column chunk is garbage.
+    let mut corrupt = bytes.clone();
+    for b in &mut corrupt[4..bytes.len() / 2] {
+        *b = 0x5a;
+    }
+    std::fs::write(p("corrupt.parquet"), &corrupt).unwrap();
+    let err = hydrant_err(&["run", "--pipeline", toml, "--input", &p("corrupt.parquet")]);
+    assert!(err.contains("corrupt.parquet"), "{err}");
+
+    std::fs::create_dir(p("empty")).unwrap();
+    let err = hydrant_err(&["run", "--pipeline", toml, "--input", &p("empty")]);
+    assert!(err.contains("holds no .parquet"), "{err}");
+}
+
+#[test]
+fn a_schema_that_does_not_match_the_pipeline_is_named() {
+    let (dir, input) = setup();
+    let toml = dir.path().join("p.toml");
+    let text = std::fs::read_to_string(criteo_toml())
+        .unwrap()
+        .replace("\"i12\"", "\"i13\"");
+    std::fs::write(&toml, text).unwrap();
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        toml.to_str().unwrap(),
+        "--input",
+        &input,
+    ]);
+    assert!(
+        err.contains("p.toml") && err.contains("group `dense`, column `i13`: no such column"),
+        "{err}"
+    );
+
+    // A column of the wrong type: log1p of a string column.
+    let text = std::fs::read_to_string(criteo_toml())
+        .unwrap()
+        .replace("\"i12\"]", "\"c0\"]");
+    std::fs::write(&toml, text).unwrap();
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        toml.to_str().unwrap(),
+        "--input",
+        &input,
+    ]);
+    assert!(
+        err.contains("column `c0`") && err.contains("needs a number"),
+        "{err}"
+    );
+
+    // A second input whose schema lacks a column names that file.
+    let other = dir.path().join("other.arrow");
+    let batch = arrow::array::RecordBatch::try_from_iter([(
+        "label",
+        std::sync::Arc::new(arrow::array::Int32Array::from(vec![1])) as arrow::array::ArrayRef,
+    )])
+    .unwrap();
+    let mut w = arrow::ipc::writer::FileWriter::try_new(
+        std::fs::File::create(&other).unwrap(),
+        &batch.schema(),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.finish().unwrap();
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        criteo_toml().to_str().unwrap(),
+        "--input",
+        &input,
+        other.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("other.arrow") && err.contains("no such column"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_pipelines_name_file_group_and_problem() {
+    let (dir, input) = setup();
+    let toml = dir.path().join("p.toml");
+    let base = std::fs::read_to_string(criteo_toml()).unwrap();
+    for (from, to, needles) in [
+        (
+            "\"log1p\"",
+            "\"log2\"",
+            vec!["p.toml", "group `dense`", "step `log2`", "unknown step"],
+        ),
+        (
+            "clip(-3, 3)",
+            "clip(3, -3)",
+            vec!["group `dense`", "lo <= hi"],
+        ),
+        (
+            "kind = \"ids\"",
+            "kind = \"sparse\"",
+            vec!["p.toml", "line", "sparse"],
+        ),
+        (
+            "name = \"criteo\"",
+            "name = \"criteo\"\nbogus = 1",
+            vec!["unknown field `bogus`"],
+        ),
+        (
+            "steps = [\"vocab\"]",
+            "steps = [\"log1p\"]",
+            vec!["group `ids`, column `c0`", "needs a number"],
+        ),
+    ] {
+        std::fs::write(&toml, base.replace(from, to)).unwrap();
+        let err = hydrant_err(&[
+            "run",
+            "--pipeline",
+            toml.to_str().unwrap(),
+            "--input",
+            &input,
+        ]);
+        for n in needles {
+            assert!(err.contains(n), "{n:?} not in {err}");
+        }
+    }
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        dir.path().join("nope.toml").to_str().unwrap(),
+        "--input",
+        &input,
+    ]);
+    assert!(err.contains("nope.toml"), "{err}");
+}
+
+#[test]
+fn bad_state_and_sink_are_named() {
+    let (dir, input) = setup();
+    let toml = criteo_toml();
+    let toml = toml.to_str().unwrap();
+    let state = dir.path().join("state.json");
+    std::fs::write(&state, "{not json").unwrap();
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        toml,
+        "--input",
+        &input,
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(err.contains("state.json") && err.contains("JSON"), "{err}");
+
+    std::fs::write(
+        &state,
+        r#"{"format":1,"pipeline":"criteo","version":1,"params":{}}"#,
+    )
+    .unwrap();
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        toml,
+        "--input",
+        &input,
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("nothing fitted for step `standardize` of group `dense`, column `i0`"),
+        "{err}"
+    );
+
+    std::fs::write(
+        &state,
+        r#"{"format":1,"pipeline":"other","version":1,"params":{}}"#,
+    )
+    .unwrap();
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        toml,
+        "--input",
+        &input,
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert!(err.contains("pipeline `other`"), "{err}");
+
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        toml,
+        "--input",
+        &input,
+        "--sink",
+        "csv:x",
+    ]);
+    assert!(err.contains("unknown sink `csv:x`"), "{err}");
+}

@@ -1,0 +1,124 @@
+//! Helpers shared by the integration tests: run the real `hydrant` binary, read what it
+//! wrote.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{Float32Type, Int64Type, UInt64Type};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+/// The criteo pipeline shipped in examples/.
+pub fn criteo_toml() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/criteo.toml")
+}
+
+/// Runs `hydrant ARGS` to completion.
+pub fn hydrant(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .args(args)
+        .output()
+        .expect("hydrant runs")
+}
+
+/// Runs `hydrant ARGS`, asserts success, and returns the last stdout line as JSON.
+pub fn hydrant_ok(args: &[&str]) -> serde_json::Value {
+    let out = hydrant(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "hydrant {args:?} failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a summary line")).expect("summary is JSON")
+}
+
+/// Runs `hydrant ARGS`, asserts it fails with one clear line (no panic), and returns it.
+pub fn hydrant_err(args: &[&str]) -> String {
+    let out = hydrant(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "hydrant {args:?} should fail");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    stderr
+}
+
+/// Generates a Criteo-like file of `rows` rows.
+pub fn gen_criteo(dir: &Path, rows: u64, seed: u64) -> PathBuf {
+    let path = dir.join(format!("criteo-{rows}-{seed}.parquet"));
+    let path_s = path.to_str().unwrap();
+    hydrant_ok(&[
+        "gen",
+        "criteo",
+        "--rows",
+        &rows.to_string(),
+        "--out",
+        path_s,
+        "--seed",
+        &seed.to_string(),
+    ]);
+    path
+}
+
+/// Reads all batches of a Parquet file.
+pub fn read_parquet(path: &Path) -> Vec<RecordBatch> {
+    let file = std::fs::File::open(path).unwrap();
+    ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
+}
+
+/// One featurized output row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub label: Option<f32>,
+    pub dense: Vec<f32>,
+    pub ids: Vec<i64>,
+}
+
+/// Reads every `part-*.parquet` under `dir` into rows keyed by `row_id`, asserting that no
+/// row id appears twice.
+pub fn read_output(dir: &Path) -> BTreeMap<u64, Row> {
+    let mut rows = BTreeMap::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for f in files {
+        for b in read_parquet(&f) {
+            let ids = b
+                .column_by_name("row_id")
+                .unwrap()
+                .as_primitive::<UInt64Type>();
+            let label = b
+                .column_by_name("label")
+                .unwrap()
+                .as_primitive::<Float32Type>();
+            let dense = b.column_by_name("dense").unwrap().as_fixed_size_list();
+            let cats = b.column_by_name("ids").unwrap().as_fixed_size_list();
+            let (dw, cw) = (dense.value_length() as usize, cats.value_length() as usize);
+            let dv = dense.values().as_primitive::<Float32Type>();
+            let cv = cats.values().as_primitive::<Int64Type>();
+            for r in 0..b.num_rows() {
+                let row = Row {
+                    label: label.is_valid(r).then(|| label.value(r)),
+                    dense: dv.values()[r * dw..(r + 1) * dw].to_vec(),
+                    ids: cv.values()[r * cw..(r + 1) * cw].to_vec(),
+                };
+                assert!(
+                    rows.insert(ids.value(r), row).is_none(),
+                    "row {} delivered twice",
+                    ids.value(r)
+                );
+            }
+        }
+    }
+    rows
+}
