@@ -1,6 +1,9 @@
 //! End to end: `hydrant gen` → `hydrant fit` → `hydrant run --sink parquet:DIR`, checked
 //! row by row against plain definitions of the Criteo featurization computed here.
 
+// Columns are indexed in parallel (input column i, output slot i), which reads best as loops.
+#![allow(clippy::needless_range_loop)]
+
 mod common;
 
 use std::collections::{BTreeMap, HashMap};

@@ -256,7 +256,7 @@ fn check_chain(group: &FeatureGroup, column: &str, source: Source) -> Result<usi
     }
     let integer = matches!(source, Source::Numeric { integer: true });
     match group.kind {
-        GroupKind::Ids if !index && !(integer && steps.is_empty()) => bad(
+        GroupKind::Ids if !(index || integer && steps.is_empty()) => bad(
             "an ids group needs an integer id: end the chain with vocab, hash_bucket, bucketize or \
              quantile_bucketize (or give an integer column no steps)"
                 .into(),

@@ -5,6 +5,9 @@
 //! musl's (fdlibm's) log1p algorithm rewritten without branches: special cases are
 //! selected at the end, and the two divisions share one reciprocal.
 
+// fdlibm's constants, digit for digit as published.
+#![allow(clippy::excessive_precision)]
+
 const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-01;
 const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
 const LG1: f64 = 6.666_666_666_666_735_130e-01;

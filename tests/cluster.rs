@@ -1,0 +1,227 @@
+//! timely's cluster mode: two real `hydrant` processes on loopback produce exactly the
+//! rows of a one-process run. And memory does not grow with the input.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::Command;
+
+use common::*;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn two_processes_produce_the_rows_of_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = gen_criteo(dir.path(), 300_000, 5); // 5 row groups: both processes get some
+    let toml = criteo_toml();
+    let (toml, input_s) = (toml.to_str().unwrap(), input.to_str().unwrap());
+    let state = dir.path().join("state.json");
+    hydrant_ok(&[
+        "fit",
+        "--pipeline",
+        toml,
+        "--input",
+        input_s,
+        "--out",
+        state.to_str().unwrap(),
+    ]);
+
+    let one = dir.path().join("one");
+    hydrant_ok(&[
+        "run",
+        "--pipeline",
+        toml,
+        "--input",
+        input_s,
+        "--state",
+        state.to_str().unwrap(),
+        "--sink",
+        &format!("parquet:{}", one.display()),
+        "--workers",
+        "1",
+    ]);
+
+    let hosts = dir.path().join("hosts.txt");
+    std::fs::write(
+        &hosts,
+        format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port()),
+    )
+    .unwrap();
+    let two = dir.path().join("two");
+    let children: Vec<_> = (0..2)
+        .map(|p| {
+            Command::new(env!("CARGO_BIN_EXE_hydrant"))
+                .args([
+                    "run",
+                    "--pipeline",
+                    toml,
+                    "--input",
+                    input_s,
+                    "--state",
+                    state.to_str().unwrap(),
+                ])
+                .args([
+                    "--sink",
+                    &format!("parquet:{}", two.display()),
+                    "--workers",
+                    "1",
+                ])
+                .args([
+                    "--processes",
+                    "2",
+                    "--process",
+                    &p.to_string(),
+                    "--hostfile",
+                    hosts.to_str().unwrap(),
+                ])
+                .output_async()
+        })
+        .collect();
+    let mut rows_seen = 0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
+                .unwrap();
+        rows_seen += summary["rows"].as_u64().unwrap();
+        // The exchange spreads batches over both processes' sinks.
+        assert!(summary["rows"].as_u64().unwrap() > 0, "{summary}");
+    }
+    assert_eq!(rows_seen, 300_000);
+    let (a, b) = (read_output(&one), read_output(&two));
+    assert_eq!(a.len(), 300_000);
+    assert!(
+        a == b,
+        "the two-process run differs from the one-process run"
+    );
+}
+
+#[test]
+fn fitting_across_processes_matches_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = gen_criteo(dir.path(), 140_000, 9);
+    let toml = criteo_toml();
+    let (toml, input_s) = (toml.to_str().unwrap(), input.to_str().unwrap());
+    let one = dir.path().join("one.json");
+    hydrant_ok(&[
+        "fit",
+        "--pipeline",
+        toml,
+        "--input",
+        input_s,
+        "--out",
+        one.to_str().unwrap(),
+        "--workers",
+        "1",
+    ]);
+    let hosts = dir.path().join("hosts.txt");
+    std::fs::write(
+        &hosts,
+        format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port()),
+    )
+    .unwrap();
+    let two = dir.path().join("two.json");
+    let children: Vec<_> = (0..2)
+        .map(|p| {
+            Command::new(env!("CARGO_BIN_EXE_hydrant"))
+                .args([
+                    "fit",
+                    "--pipeline",
+                    toml,
+                    "--input",
+                    input_s,
+                    "--out",
+                    two.to_str().unwrap(),
+                ])
+                .args([
+                    "--workers",
+                    "1",
+                    "--processes",
+                    "2",
+                    "--process",
+                    &p.to_string(),
+                ])
+                .args(["--hostfile", hosts.to_str().unwrap()])
+                .output_async()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let read = |p: &std::path::Path| {
+        hydrant::operators::FittedState::from_json(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let (a, b) = (read(&one), read(&two));
+    assert_eq!(a.params.len(), b.params.len());
+    for (k, pa) in &a.params {
+        match (pa, &b.params[k]) {
+            (
+                hydrant::operators::FittedParam::Standardize { mean: m1, std: s1 },
+                hydrant::operators::FittedParam::Standardize { mean: m2, std: s2 },
+            ) => assert!((m1 - m2).abs() < 1e-12 && (s1 - s2).abs() < 1e-12, "{k}"),
+            (x, y) => assert_eq!(x, y, "{k}"),
+        }
+    }
+}
+
+#[test]
+fn peak_memory_does_not_grow_with_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    // Hashed ids: no fitted state grows with the data (a vocabulary's memory grows with its
+    // distinct values, which is the state's size, not buffering), so what is measured is
+    // the stream itself.
+    let toml = criteo_toml().with_file_name("criteo_hash.toml");
+    let mut peaks = Vec::new();
+    for rows in [65_536u64 * 2, 65_536 * 12] {
+        let input = gen_criteo(dir.path(), rows, 1);
+        let s = hydrant_ok(&[
+            "run",
+            "--pipeline",
+            toml.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--workers",
+            "2",
+        ]);
+        assert_eq!(s["rows"], rows);
+        peaks.push(s["peak_rss_mb"].as_f64().expect("peak_rss_mb on Linux"));
+    }
+    // Six times the rows, the same memory give or take allocator noise.
+    assert!(
+        peaks[1] < peaks[0] * 1.15 + 8.0,
+        "peak RSS grew from {} MiB to {} MiB",
+        peaks[0],
+        peaks[1]
+    );
+}
+
+/// `Command::spawn` with captured output, as a small extension for readability.
+trait OutputAsync {
+    fn output_async(&mut self) -> std::process::Child;
+}
+
+impl OutputAsync for Command {
+    fn output_async(&mut self) -> std::process::Child {
+        self.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
