@@ -122,24 +122,36 @@ fn expand_missing(nulls: &NullBuffer, start: usize, out: &mut [bool]) {
     }
 }
 
-/// Runs a body compiled with AVX2 where the CPU has it, and plainly otherwise.
+/// Runs a body compiled with AVX-512 or AVX2 where the CPU has them, and plainly otherwise.
 ///
-/// The kernels are generic Rust; compiling the same body a second time with AVX2 enabled
-/// lets LLVM use 256-bit vectors without making the binary require them.
+/// The kernels are generic Rust; compiling the same body again with wider vector
+/// instructions enabled lets LLVM use them without making the binary require them.
 macro_rules! dispatch {
-    ($avx2:ident, $body:expr) => {{
+    ($body:expr) => {{
         #[cfg(target_arch = "x86_64")]
         {
-            #[target_feature(enable = "avx2,fma")]
-            fn $avx2<R>(f: impl FnOnce() -> R) -> R {
+            #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+            fn avx512<R>(f: impl FnOnce() -> R) -> R {
                 f()
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f")
+                && has!("avx512dq")
+                && has!("avx512vl")
+                && has!("avx2")
+                && has!("fma")
             {
+                // SAFETY: the CPU was just checked to support every feature the function enables.
+                return unsafe { avx512(|| $body) };
+            }
+            if has!("avx2") && has!("fma") {
                 // SAFETY: the CPU was just checked to support AVX2 and FMA, the only
                 // requirement of a `#[target_feature(enable = "avx2,fma")]` function.
-                return unsafe { $avx2(|| $body) };
+                return unsafe { avx2(|| $body) };
             }
         }
         $body
@@ -161,7 +173,7 @@ pub fn chain_to_f32(
         offset < stride.max(1) && out.len() >= values.len() * stride,
         "output too small"
     );
-    dispatch!(chain_to_f32_avx2, {
+    dispatch!({
         for_each_chunk(values, nulls, ops, |start, buf, missing| {
             if stride == 1 {
                 let out = &mut out[start..start + buf.len()];
@@ -198,7 +210,7 @@ pub fn chain_to_bucket(
 ) {
     assert_eq!(values.len(), out.len(), "output length");
     let missing_bucket = boundaries.len() as i64 + 1;
-    dispatch!(chain_to_bucket_avx2, {
+    dispatch!({
         for_each_chunk(values, nulls, ops, |start, buf, missing| {
             let out = &mut out[start..start + buf.len()];
             for (o, &v) in out.iter_mut().zip(buf) {
