@@ -321,7 +321,7 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
                 .probe_with(&probe);
         });
         let mine = match &failed {
-            None => Ok(fitter.into_partial()),
+            None => fitter.into_partial().map_err(|e| e.to_string()),
             Some(e) => Err(e.to_string()),
         };
         input.send((index, mine));

@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use serde::{Deserialize, Serialize};
 
 use crate::bind::{bind_numeric, column, numeric_values};
 use crate::error::Result;
-use crate::kernels::categorical::{for_each_str, keys_as_i64};
+use crate::kernels::categorical::{for_each_str, keys_as_i64, same_array};
 use crate::kernels::numeric::{NumOp, chain_visit};
 use crate::plan::{FeaturePlan, Source};
 use crate::state::{FittedParam, FittedState};
@@ -31,6 +31,10 @@ struct Target {
     column: String,
     input: Input,
     partial: Partial,
+    /// Key counts for the last dictionary seen, folded into `partial` when the dictionary
+    /// changes: a Parquet reader hands one dictionary to every batch of a row group, so
+    /// each distinct value is hashed once per row group rather than once per batch.
+    pending: Option<(ArrayRef, Vec<u64>)>,
 }
 
 /// Accumulates one pass's statistics over batches.
@@ -96,6 +100,7 @@ impl FeaturePlan {
                     column: c.name.clone(),
                     input,
                     partial,
+                    pending: None,
                 });
             }
         }
@@ -120,54 +125,72 @@ impl Fitter {
                         t.partial.add_numbers(chunk)
                     });
                 }
-                Input::Str => count_strings(array.as_ref(), &mut t.partial)?,
+                Input::Str => count_strings(array.as_ref(), &mut t.partial, &mut t.pending)?,
             }
         }
         Ok(())
     }
 
     /// The statistics gathered so far.
-    pub fn into_partial(self) -> FitPartial {
-        FitPartial {
-            entries: self
-                .targets
-                .into_iter()
-                .map(|t| (t.key, t.partial))
-                .collect(),
+    pub fn into_partial(self) -> Result<FitPartial> {
+        let mut entries = BTreeMap::new();
+        for mut t in self.targets {
+            flush(&mut t.pending, &mut t.partial)?;
+            entries.insert(t.key, t.partial);
         }
+        Ok(FitPartial { entries })
     }
 }
 
-/// Counts string occurrences; a dictionary column counts keys, then each distinct value once.
-fn count_strings(array: &dyn Array, partial: &mut Partial) -> Result<()> {
-    if let Some(dict) = array.as_any_dictionary_opt() {
-        let values = dict.values();
-        let mut counts = vec![0u64; values.len()];
-        let keys = dict.keys();
-        let nulls = keys.logical_nulls();
-        let keys = keys_as_i64(keys)?;
-        for (i, &k) in keys.values().iter().enumerate() {
-            if nulls.as_ref().is_none_or(|n| n.is_valid(i))
-                && let Some(c) = usize::try_from(k).ok().and_then(|k| counts.get_mut(k))
-            {
-                *c += 1;
+/// Counts string occurrences; a dictionary column counts keys, and each distinct value is
+/// added once when its dictionary is done with (see `Target::pending`).
+fn count_strings(
+    array: &dyn Array,
+    partial: &mut Partial,
+    pending: &mut Option<(ArrayRef, Vec<u64>)>,
+) -> Result<()> {
+    let Some(dict) = array.as_any_dictionary_opt() else {
+        flush(pending, partial)?;
+        return for_each_str(array, |v| {
+            if let Some(v) = v {
+                partial.add_string(v, 1);
             }
-        }
-        let mut i = 0;
-        for_each_str(values.as_ref(), |v| {
-            if let Some(v) = v
-                && counts[i] > 0
-            {
-                partial.add_string(v, counts[i]);
-            }
-            i += 1;
-        })?;
-        return Ok(());
+        });
+    };
+    let values = dict.values();
+    if !matches!(pending, Some((v, _)) if same_array(v, values)) {
+        flush(pending, partial)?;
+        *pending = Some((values.clone(), vec![0u64; values.len()]));
     }
-    for_each_str(array, |v| {
-        if let Some(v) = v {
-            partial.add_string(v, 1);
+    let Some((_, counts)) = pending.as_mut() else {
+        return Ok(());
+    };
+    let keys = dict.keys();
+    let nulls = keys.logical_nulls();
+    let keys = keys_as_i64(keys)?;
+    for (i, &k) in keys.values().iter().enumerate() {
+        if nulls.as_ref().is_none_or(|n| n.is_valid(i))
+            && let Some(c) = usize::try_from(k).ok().and_then(|k| counts.get_mut(k))
+        {
+            *c += 1;
         }
+    }
+    Ok(())
+}
+
+/// Adds the pending dictionary's counts to the statistic.
+fn flush(pending: &mut Option<(ArrayRef, Vec<u64>)>, partial: &mut Partial) -> Result<()> {
+    let Some((values, counts)) = pending.take() else {
+        return Ok(());
+    };
+    let mut i = 0;
+    for_each_str(values.as_ref(), |v| {
+        if let Some(v) = v
+            && counts[i] > 0
+        {
+            partial.add_string(v, counts[i]);
+        }
+        i += 1;
     })
 }
 

@@ -28,7 +28,7 @@
 //! let mut fitter = plan.fitter(0, &FittedState::empty("demo"))?;
 //! fitter.update(&batch)?;
 //! let mut params = Default::default();
-//! fitter.into_partial().finish(&mut params);
+//! fitter.into_partial()?.finish(&mut params);
 //! let state = FittedState::new("demo", params);
 //!
 //! let out = plan.transformer(&state)?.apply(&batch)?;

@@ -88,7 +88,7 @@ pub enum Partial {
         /// Values seen fewer times are dropped.
         min_count: u64,
         /// Occurrences so far.
-        counts: HashMap<String, u64>,
+        counts: HashMap<String, u64, foldhash::fast::FixedState>,
     },
 }
 
@@ -248,7 +248,7 @@ mod tests {
             let mut p = Partial::Counts {
                 max_size,
                 min_count,
-                counts: HashMap::new(),
+                counts: HashMap::default(),
             };
             let mut q = p.clone();
             for (i, s) in data.iter().enumerate() {

@@ -174,7 +174,7 @@ fn gather(keys: &[i32], mapped: &[i64], missing: i64, out: &mut [i64]) {
 }
 
 /// Whether two arrays are the very same data (same buffers, offset and length).
-fn same_array(a: &ArrayRef, b: &ArrayRef) -> bool {
+pub(crate) fn same_array(a: &ArrayRef, b: &ArrayRef) -> bool {
     let (a, b) = (a.to_data(), b.to_data());
     a.len() == b.len()
         && a.offset() == b.offset()
