@@ -63,7 +63,7 @@ impl Inputs {
         let mut files = Vec::new();
         for p in paths {
             for path in expand(p)? {
-                files.push(open_file(&path, batch_rows)?);
+                files.push(open_file(&path)?);
             }
         }
         let mut units = Vec::new();
@@ -275,7 +275,7 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-fn open_file(path: &Path, _batch_rows: usize) -> Result<InputFile> {
+fn open_file(path: &Path) -> Result<InputFile> {
     let err = |reason: String| Error::Input {
         path: path.into(),
         reason,

@@ -4,7 +4,7 @@
 mod common;
 
 use std::net::TcpListener;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use common::*;
 
@@ -48,53 +48,24 @@ fn two_processes_produce_the_rows_of_one() {
         "1",
     ]);
 
-    let hosts = dir.path().join("hosts.txt");
-    std::fs::write(
-        &hosts,
-        format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port()),
-    )
-    .unwrap();
     let two = dir.path().join("two");
-    let children: Vec<_> = (0..2)
-        .map(|p| {
-            Command::new(env!("CARGO_BIN_EXE_hydrant"))
-                .args([
-                    "run",
-                    "--pipeline",
-                    toml,
-                    "--input",
-                    input_s,
-                    "--state",
-                    state.to_str().unwrap(),
-                ])
-                .args([
-                    "--sink",
-                    &format!("parquet:{}", two.display()),
-                    "--workers",
-                    "1",
-                ])
-                .args([
-                    "--processes",
-                    "2",
-                    "--process",
-                    &p.to_string(),
-                    "--hostfile",
-                    hosts.to_str().unwrap(),
-                ])
-                .output_async()
-        })
-        .collect();
+    let sink = format!("parquet:{}", two.display());
+    let state_s = state.to_str().unwrap();
     let mut rows_seen = 0;
-    for c in children {
-        let out = c.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let summary: serde_json::Value =
-            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
-                .unwrap();
+    for summary in run_two_processes(
+        dir.path(),
+        &[
+            "run",
+            "--pipeline",
+            toml,
+            "--input",
+            input_s,
+            "--state",
+            state_s,
+            "--sink",
+            &sink,
+        ],
+    ) {
         rows_seen += summary["rows"].as_u64().unwrap();
         // The exchange spreads batches over both processes' sinks.
         assert!(summary["rows"].as_u64().unwrap() > 0, "{summary}");
@@ -126,45 +97,19 @@ fn fitting_across_processes_matches_one_process() {
         "--workers",
         "1",
     ]);
-    let hosts = dir.path().join("hosts.txt");
-    std::fs::write(
-        &hosts,
-        format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port()),
-    )
-    .unwrap();
     let two = dir.path().join("two.json");
-    let children: Vec<_> = (0..2)
-        .map(|p| {
-            Command::new(env!("CARGO_BIN_EXE_hydrant"))
-                .args([
-                    "fit",
-                    "--pipeline",
-                    toml,
-                    "--input",
-                    input_s,
-                    "--out",
-                    two.to_str().unwrap(),
-                ])
-                .args([
-                    "--workers",
-                    "1",
-                    "--processes",
-                    "2",
-                    "--process",
-                    &p.to_string(),
-                ])
-                .args(["--hostfile", hosts.to_str().unwrap()])
-                .output_async()
-        })
-        .collect();
-    for c in children {
-        let out = c.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    run_two_processes(
+        dir.path(),
+        &[
+            "fit",
+            "--pipeline",
+            toml,
+            "--input",
+            input_s,
+            "--out",
+            two.to_str().unwrap(),
+        ],
+    );
     let read = |p: &std::path::Path| {
         hydrant::operators::FittedState::from_json(&std::fs::read_to_string(p).unwrap()).unwrap()
     };
@@ -212,16 +157,45 @@ fn peak_memory_does_not_grow_with_the_input() {
     );
 }
 
-/// `Command::spawn` with captured output, as a small extension for readability.
-trait OutputAsync {
-    fn output_async(&mut self) -> std::process::Child;
-}
-
-impl OutputAsync for Command {
-    fn output_async(&mut self) -> std::process::Child {
-        self.stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
+/// Runs `hydrant ARGS` as both processes of a two-process cluster on loopback (one worker
+/// each), asserts both succeed, and returns each one's summary JSON (its last stdout line).
+fn run_two_processes(dir: &std::path::Path, args: &[&str]) -> Vec<serde_json::Value> {
+    let hosts = dir.join("hosts.txt");
+    std::fs::write(
+        &hosts,
+        format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port()),
+    )
+    .unwrap();
+    let children: Vec<_> = (0..2)
+        .map(|p| {
+            Command::new(env!("CARGO_BIN_EXE_hydrant"))
+                .args(args)
+                .args([
+                    "--workers",
+                    "1",
+                    "--processes",
+                    "2",
+                    "--process",
+                    &p.to_string(),
+                ])
+                .args(["--hostfile", hosts.to_str().unwrap()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
+                .unwrap()
+        })
+        .collect()
 }
