@@ -27,6 +27,7 @@
 //! ```
 
 pub mod dataflow;
+pub mod epoch;
 mod error;
 pub mod generate;
 pub mod sink;
