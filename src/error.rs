@@ -55,6 +55,12 @@ impl From<hydrant_operators::OpError> for Error {
     }
 }
 
+impl From<arrow::error::ArrowError> for Error {
+    fn from(e: arrow::error::ArrowError) -> Self {
+        Error::Dataflow(one_line(e))
+    }
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

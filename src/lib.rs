@@ -30,6 +30,7 @@ pub mod dataflow;
 pub mod epoch;
 mod error;
 pub mod generate;
+pub mod rebatch;
 pub mod sink;
 pub mod source;
 mod spec;
