@@ -29,7 +29,10 @@
 pub mod dataflow;
 pub mod epoch;
 mod error;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod generate;
+pub mod loader;
 pub mod rebatch;
 pub mod sink;
 pub mod source;
