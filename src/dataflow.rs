@@ -1,14 +1,14 @@
 //! The timely dataflow: each worker reads its share of the input units, fitting (when no
-//! state is given) and then featurizing, and hands batches to its sink.
+//! state is given) and then featurizing; worker 0 puts the batches in epoch order and cuts
+//! them into rank batches; each rank's batches go to a sink or a loader.
 //!
 //! ```text
-//! input (this worker's units) ─► featurize ─► exchange by batch seq ─► sink
+//! input (this worker's units) ─► featurize ─► exchange to worker 0 ─► route ─► exchange by rank ─► sink / loader
 //! ```
 //!
-//! The exchange spreads sink work evenly over all workers whatever the row-group layout;
-//! between processes the batches travel as Arrow IPC inside timely's containers. Each
-//! worker keeps at most [`IN_FLIGHT`] batches unfinished, so memory is bounded by the
-//! batch size and worker count, not by the input.
+//! Readers run at most a window of rows ahead of the router (timestamps are positions in
+//! the epoch order), and sinks and loaders block when full, so memory is bounded by the
+//! window, the shuffle buffer and the queues, not by the input.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -27,10 +27,13 @@ use timely::dataflow::{InputHandle, ProbeHandle};
 use timely::worker::Worker;
 
 use crate::error::{Error, Result};
-use crate::sink::SinkSpec;
+use crate::loader::LoaderFeed;
+use crate::rebatch::{RankBatch, delivery_schema};
+use crate::route::{Delivery, route};
+use crate::sink::{BatchSink, SinkSpec};
 use crate::source::Inputs;
 
-/// Batches a worker may have sent but not yet seen through the sink.
+/// Batches of `batch_rows` a reader may run ahead of the router, beyond its own unit.
 pub const IN_FLIGHT: u64 = 4;
 
 /// Where the dataflow runs: threads in this process, and optionally several processes.
@@ -89,6 +92,14 @@ impl Cluster {
     }
 }
 
+/// Where rank batches go.
+pub enum Output {
+    /// Each worker writes the rank batches routed to it (rank `r` to worker `r % workers`).
+    Sink(SinkSpec),
+    /// Rank `r`'s batches go to `feeds[r]`; needs one process holding every rank.
+    Loaders(Vec<LoaderFeed>),
+}
+
 /// What one run does.
 pub struct Job {
     /// The inputs, opened and prepared for the plan.
@@ -97,12 +108,16 @@ pub struct Job {
     pub plan: Arc<FeaturePlan>,
     /// A fitted state to use; fit first when `None`.
     pub state: Option<FittedState>,
-    /// Where featurized batches go; `None` only fits.
-    pub sink: Option<SinkSpec>,
+    /// Which rows go to which rank, for which epochs.
+    pub delivery: Delivery,
+    /// Where rank batches go; `None` only fits.
+    pub output: Option<Output>,
     /// When the command started, for time-to-first-batch.
     pub started: Instant,
     /// Rows featurized so far in this process (for progress reporting).
     pub progress: Arc<AtomicU64>,
+    /// Where the run's first error is left (loaders pass it on to their trainers).
+    pub errors: ErrorSlot,
 }
 
 /// What the workers of this process did.
@@ -112,21 +127,50 @@ pub struct Report {
     pub state: Option<FittedState>,
     /// Time spent fitting.
     pub fit: Duration,
-    /// Rows delivered to this process's sinks.
+    /// Real rows delivered by this process's sinks.
     pub rows: u64,
-    /// Batches delivered to this process's sinks.
+    /// Padding rows delivered by this process's sinks.
+    pub padded_rows: u64,
+    /// Rank batches delivered by this process's sinks.
     pub batches: u64,
-    /// When the first featurized batch reached a sink, from the start.
+    /// Rank batches delivered per rank (by this process).
+    pub steps_per_rank: Vec<u64>,
+    /// When the first rank batch reached a sink, from the start.
     pub first_batch: Option<Duration>,
+}
+
+impl Report {
+    fn add(&mut self, r: Report) {
+        self.rows += r.rows;
+        self.padded_rows += r.padded_rows;
+        self.batches += r.batches;
+        if self.steps_per_rank.len() < r.steps_per_rank.len() {
+            self.steps_per_rank.resize(r.steps_per_rank.len(), 0);
+        }
+        for (a, b) in self.steps_per_rank.iter_mut().zip(&r.steps_per_rank) {
+            *a += b;
+        }
+        self.fit = self.fit.max(r.fit);
+        self.first_batch = match (self.first_batch, r.first_batch) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.state = self.state.take().or(r.state);
+    }
 }
 
 /// Runs the job on `cluster` and waits for it; `on_tick` is called about ten times a
 /// second while it runs (for a progress bar).
 pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result<Report> {
     let config = cluster.config()?;
+    if matches!(job.output, Some(Output::Loaders(_))) && cluster.processes > 1 {
+        return Err(Error::Usage(
+            "loaders need every rank in one process (use --processes 1)".into(),
+        ));
+    }
     let process = cluster.process;
+    let errors = job.errors.clone();
     let job = Arc::new(job);
-    let errors = ErrorSlot::default();
     let done = Arc::new(AtomicU64::new(0));
     let (job2, errors2, done2) = (job.clone(), errors.clone(), done.clone());
     let guards = timely::execute(config, move |worker| {
@@ -144,20 +188,28 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
     }
     let mut total = Report::default();
     for r in guards.join() {
-        let r = r.map_err(Error::Dataflow)??;
-        total.rows += r.rows;
-        total.batches += r.batches;
-        total.fit = total.fit.max(r.fit);
-        total.first_batch = match (total.first_batch, r.first_batch) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        total.state = total.state.or(r.state);
+        total.add(r.map_err(Error::Dataflow)??);
     }
     if let Some(e) = errors.get() {
         return Err(Error::Dataflow(e));
     }
     Ok(total)
+}
+
+/// Where one worker's rank batches go.
+enum WorkerSink {
+    Batch(Box<dyn BatchSink>),
+    Feeds(Vec<LoaderFeed>),
+}
+
+impl WorkerSink {
+    fn write(&mut self, rb: RankBatch) -> Result<()> {
+        match self {
+            WorkerSink::Batch(s) => s.write(&rb),
+            // Blocks while the rank's loader is full: this is the backpressure.
+            WorkerSink::Feeds(f) => f[rb.meta.rank].send(rb),
+        }
+    }
 }
 
 fn run_worker(
@@ -176,26 +228,35 @@ fn run_worker(
     } else {
         t0.elapsed()
     };
-    let mut report = Report {
+    let report = Report {
         state: Some(state.clone()),
         fit: fit_time,
         ..Report::default()
     };
-    let Some(sink) = &job.sink else {
+    let Some(output) = &job.output else {
         return Ok(report);
     };
     let transformer = job.plan.transformer(&state)?;
+    let delivery = job.delivery.clone();
+    let world = delivery.plan.world_size();
 
-    let (index, peers) = (worker.index(), worker.peers());
-    let out = Rc::new(RefCell::new(Report::default()));
+    let index = worker.index();
+    let out = Rc::new(RefCell::new(Report {
+        steps_per_rank: vec![0; world],
+        ..Report::default()
+    }));
     // Shared with the sink operator, so that the worker can finish it once the stream ends.
     // A failure to open is recorded, not returned: every worker must build the dataflow.
-    let sink = match sink.open(process, index, job.plan.output_schema()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            errors.set("sink", e);
-            None
-        }
+    let schema = delivery_schema(&job.plan.output_schema());
+    let sink = match output {
+        Output::Sink(spec) => match spec.open(process, index, schema) {
+            Ok(s) => Some(WorkerSink::Batch(s)),
+            Err(e) => {
+                errors.set("sink", e);
+                None
+            }
+        },
+        Output::Loaders(feeds) => Some(WorkerSink::Feeds(feeds.clone())),
     };
     let sink = Rc::new(RefCell::new(sink));
     let sink2 = sink.clone();
@@ -207,22 +268,36 @@ fn run_worker(
         job.progress.clone(),
         job.started,
     );
+    let output_schema = job.plan.output_schema();
+    let version = transformer.state_version();
     worker.dataflow::<u64, _, _>(|scope| {
-        scope
+        let featurized = scope
             .input_from(&mut input)
             .featurize(transformer, errors.clone())
-            .exchange(|b: &Batch| b.seq)
+            .exchange(|_: &Batch| 0);
+        let routed = route(
+            featurized,
+            delivery.clone(),
+            output_schema,
+            version,
+            index == 0,
+            errors.clone(),
+        );
+        routed
+            .exchange(|rb: &RankBatch| rb.meta.rank as u64)
             .unary::<CapacityContainerBuilder<Vec<()>>, _, _, _>(Pipeline, "Sink", move |_, _| {
                 move |input, _output| {
                     input.for_each(|_, data| {
-                        for b in data.drain(..) {
+                        for rb in data.drain(..) {
                             let mut r = out2.borrow_mut();
                             r.first_batch.get_or_insert_with(|| started.elapsed());
-                            r.rows += b.data.num_rows() as u64;
+                            let real = (rb.data().num_rows() - rb.meta.padded_rows) as u64;
+                            r.rows += real;
+                            r.padded_rows += rb.meta.padded_rows as u64;
                             r.batches += 1;
-                            progress.fetch_add(b.data.num_rows() as u64, Ordering::Relaxed);
-                            if let Some(Err(e)) =
-                                sink2.borrow_mut().as_mut().map(|s| s.write(&b.data))
+                            r.steps_per_rank[rb.meta.rank] += 1;
+                            progress.fetch_add(real, Ordering::Relaxed);
+                            if let Some(Err(e)) = sink2.borrow_mut().as_mut().map(|s| s.write(rb))
                             {
                                 errors2.set("sink", e);
                             }
@@ -233,45 +308,73 @@ fn run_worker(
             .probe_with(&probe);
     });
 
-    let mut time = 0u64;
-    'units: for unit in job.inputs.units().iter().skip(index).step_by(peers) {
-        let batches = match job.inputs.read(unit) {
-            Ok(b) => b,
-            Err(e) => {
-                errors.set("source", e);
-                break;
-            }
-        };
-        for batch in batches {
-            match batch {
-                Ok(b) => input.send(b),
-                Err(e) => {
-                    errors.set("source", e);
-                    break 'units;
-                }
-            }
-            time += 1;
-            input.advance_to(time);
-            while probe.less_than(&time.saturating_sub(IN_FLIGHT)) {
-                worker.step();
-            }
-            if errors.get().is_some() {
-                break 'units;
-            }
-        }
-    }
+    read_epochs(worker, job, &mut input, &probe, errors);
     drop(input);
     while !probe.done() {
         worker.step();
     }
-    if let Some(s) = sink.borrow_mut().as_mut() {
+    if let Some(WorkerSink::Batch(s)) = sink.borrow_mut().as_mut() {
         s.finish()?;
     }
-    let r = out.borrow();
-    report.rows = r.rows;
-    report.batches = r.batches;
-    report.first_batch = r.first_batch;
-    Ok(report)
+    // Dropping the feeds (with the sink) ends the loaders' streams.
+    sink.borrow_mut().take();
+    let r = out.take();
+    Ok(Report {
+        rows: r.rows,
+        padded_rows: r.padded_rows,
+        batches: r.batches,
+        steps_per_rank: r.steps_per_rank,
+        first_batch: r.first_batch,
+        ..report
+    })
+}
+
+/// Reads this worker's share of each epoch's units (every `peers`-th in the epoch's unit
+/// order), stamping each batch with its position; stays within a window of the router.
+fn read_epochs(
+    worker: &mut Worker,
+    job: &Job,
+    input: &mut InputHandle<u64, CapacityContainerBuilder<Vec<Batch>>>,
+    probe: &ProbeHandle<u64>,
+    errors: &ErrorSlot,
+) {
+    let (index, peers) = (worker.index(), worker.peers());
+    let d = &job.delivery;
+    let units = job.inputs.units();
+    let biggest = units.iter().map(|u| u.rows).max().unwrap_or(0);
+    let window = peers as u64 * (biggest + IN_FLIGHT * job.inputs.batch_rows() as u64);
+    for epoch in d.start_epoch..d.epochs {
+        let skip = d.plan.skippable(epoch, d.first_step(epoch));
+        let order = d.plan.unit_positions(epoch);
+        for &(u, pos, _) in order.iter().skip(index).step_by(peers) {
+            if skip[u] {
+                continue;
+            }
+            let unit = &units[u];
+            let batches = match job.inputs.read(unit) {
+                Ok(b) => b,
+                Err(e) => return errors.set("source", e),
+            };
+            let mut offset = 0;
+            for batch in batches {
+                let mut b = match batch {
+                    Ok(b) => b,
+                    Err(e) => return errors.set("source", e),
+                };
+                b.seq = d.time(epoch, pos + offset);
+                offset += b.data.num_rows() as u64;
+                let time = b.seq;
+                input.advance_to(time);
+                input.send(b);
+                while probe.less_than(&time.saturating_sub(window)) {
+                    worker.step();
+                }
+                if errors.get().is_some() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// Fits the plan: every worker reads its share, then all partial statistics are broadcast

@@ -106,6 +106,11 @@ impl EpochPlan {
         self.rows
     }
 
+    /// Rows of unit `u`.
+    pub fn unit_rows(&self, u: usize) -> u64 {
+        self.unit_rows[u]
+    }
+
     /// Data-parallel ranks.
     pub fn world_size(&self) -> usize {
         self.world_size
@@ -237,12 +242,11 @@ impl EpochPlan {
     }
 
     /// Which units of epoch `epoch` need not be read when delivery starts at `start_step`:
-    /// all their rows fall in the steps before it. Indexed like `unit_order(epoch)`.
+    /// all their rows fall in the steps before it. Indexed by unit.
     pub fn skippable(&self, epoch: u64, start_step: u64) -> Vec<bool> {
-        let units = self.unit_order(epoch);
         let skip_rows = start_step.saturating_mul(self.step_rows()).min(self.rows);
         if skip_rows == 0 {
-            return vec![false; units.len()];
+            return vec![false; self.unit_rows.len()];
         }
         let mut seen = vec![0u64; self.unit_rows.len()];
         for row in self.order(epoch).take(skip_rows as usize) {
@@ -253,9 +257,8 @@ impl EpochPlan {
                 .unwrap_or(u);
             seen[u] += 1;
         }
-        units
-            .iter()
-            .map(|&u| self.unit_rows[u] > 0 && seen[u] == self.unit_rows[u])
+        (0..self.unit_rows.len())
+            .map(|u| self.unit_rows[u] > 0 && seen[u] == self.unit_rows[u])
             .collect()
     }
 
@@ -407,9 +410,9 @@ mod tests {
             let before = (start * p.step_rows()).min(p.rows()) as usize;
             let early: HashSet<u64> = order[..before].iter().copied().collect();
             let skip = p.skippable(epoch, start);
-            for (k, &u) in p.unit_order(epoch).iter().enumerate() {
+            for u in 0..p.unit_rows.len() {
                 let rows = p.unit_first[u]..p.unit_first[u] + p.unit_rows[u];
-                if skip[k] {
+                if skip[u] {
                     prop_assert!(rows.clone().all(|r| early.contains(&r)));
                 } else if p.unit_rows[u] > 0 {
                     prop_assert!(!rows.clone().all(|r| early.contains(&r)));

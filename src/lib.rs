@@ -33,9 +33,12 @@ mod error;
 pub mod cuda;
 pub mod generate;
 pub mod loader;
+pub mod pipeline;
 pub mod rebatch;
+pub mod route;
 pub mod sink;
 pub mod source;
+pub mod train;
 mod spec;
 
 pub use error::{Error, Result};

@@ -94,10 +94,8 @@ pub struct TrainingBatch {
     pub row_ids: ScalarBuffer<u64>,
     /// Which rows are padding, to be masked out of the loss.
     pub is_padding: BooleanBuffer,
-    /// Epoch, step, rank, world size and padding count.
+    /// Epoch, step, rank, world size, padding count and state version.
     pub meta: StepMeta,
-    /// Version of the fitted state that featurized it.
-    pub state_version: u64,
 }
 
 impl TrainingBatch {
@@ -113,7 +111,7 @@ impl TrainingBatch {
 
     /// Builds the host form of a delivered batch: a zero-copy view when the batch has one
     /// dense and one id group, a row-major copy when groups must be joined.
-    pub fn from_rank_batch(rb: &RankBatch, state_version: u64) -> Result<Self> {
+    pub fn from_rank_batch(rb: &RankBatch) -> Result<Self> {
         let data = rb.data();
         let rows = data.num_rows();
         let column = |name: &str| data.column_by_name(name);
@@ -153,7 +151,6 @@ impl TrainingBatch {
             row_ids,
             is_padding,
             meta: rb.meta,
-            state_version,
         })
     }
 }
@@ -283,7 +280,6 @@ impl Loader {
 pub fn spawn(
     rank: usize,
     config: LoaderConfig,
-    state_version: u64,
     errors: ErrorSlot,
 ) -> Result<(LoaderFeed, Loader, JoinHandle<()>)> {
     if config.prefetch == 0 {
@@ -296,7 +292,7 @@ pub fn spawn(
         .name(format!("hydrant-loader-{rank}"))
         .spawn(move || {
             for rb in feed_rx.iter() {
-                let out = TrainingBatch::from_rank_batch(&rb, state_version)
+                let out = TrainingBatch::from_rank_batch(&rb)
                     .and_then(|b| convert.place(b));
                 let failed = out.is_err();
                 if tx.send(out).is_err() || failed {

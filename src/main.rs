@@ -8,10 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
-use hydrant::dataflow::{self, Cluster, Job, Report};
+use hydrant::dataflow::{self, Cluster, Job, Output, Report};
+use hydrant::epoch::LastBatch;
+use hydrant::loader::{Backend, LoaderConfig};
 use hydrant::operators::FittedState;
+use hydrant::pipeline::RunOptions;
 use hydrant::sink::SinkSpec;
 use hydrant::source::Inputs;
+use hydrant::train::{TrainConfig, TrainReport};
 use hydrant::{Error, PipelineSpec, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -100,12 +104,78 @@ struct RunArgs {
     /// A fitted state from `hydrant fit`; without it, the run fits first.
     #[arg(long)]
     state: Option<PathBuf>,
-    /// Where batches go: `null` (count them) or `parquet:DIR`.
+    /// Where batches go: `null` (through the loaders, then discarded), `parquet:DIR`, or
+    /// `train:logreg` (a data-parallel logistic regression, one trainer per rank).
     #[arg(long, default_value = "null")]
     sink: String,
     /// Also write the summary JSON to this file.
     #[arg(long)]
     summary: Option<PathBuf>,
+    #[command(flatten)]
+    delivery: DeliveryArgs,
+}
+
+#[derive(Args, Clone)]
+struct DeliveryArgs {
+    /// Data-parallel ranks (world size).
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// Rows per rank per step.
+    #[arg(long, default_value_t = 4096)]
+    batch_size: usize,
+    /// Epochs to deliver.
+    #[arg(long, default_value_t = 1)]
+    epochs: u64,
+    /// Seed of the shuffle.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Shuffle: permute row groups per epoch, then mix rows through a bounded buffer.
+    #[arg(long)]
+    shuffle: bool,
+    /// Rows in the shuffle buffer.
+    #[arg(long, default_value_t = 65_536)]
+    shuffle_buffer: usize,
+    /// A last step that is not full: `pad` (marked padding rows) or `drop`.
+    #[arg(long, default_value = "pad")]
+    last_batch: String,
+    /// Resume: first epoch to deliver.
+    #[arg(long, default_value_t = 0)]
+    start_epoch: u64,
+    /// Resume: first step to deliver within --start-epoch.
+    #[arg(long, default_value_t = 0)]
+    start_step: u64,
+    /// Training batches each loader keeps ready.
+    #[arg(long, default_value_t = 2)]
+    prefetch: usize,
+    /// Loader memory: `host`, or `cuda[:N]` (needs the `cuda` feature; falls back to host).
+    #[arg(long, default_value = "host")]
+    loader: String,
+    /// train:logreg: extra milliseconds per step, standing in for a bigger model.
+    #[arg(long, default_value_t = 0.0)]
+    step_ms: f64,
+    /// train:logreg: learning rate.
+    #[arg(long, default_value_t = 0.05)]
+    learning_rate: f32,
+}
+
+impl DeliveryArgs {
+    fn options(&self, workers: usize) -> Result<RunOptions> {
+        Ok(RunOptions {
+            ranks: self.ranks,
+            batch_size: self.batch_size,
+            epochs: self.epochs,
+            seed: self.seed,
+            shuffle: self.shuffle.then_some(self.shuffle_buffer),
+            last_batch: self.last_batch.parse::<LastBatch>()?,
+            start_epoch: self.start_epoch,
+            start_step: self.start_step,
+            loader: LoaderConfig {
+                prefetch: self.prefetch,
+                backend: self.loader.parse::<Backend>()?,
+            },
+            workers,
+        })
+    }
 }
 
 fn main() -> ExitCode {
@@ -134,7 +204,7 @@ fn dispatch(command: Command) -> Result<()> {
         }
         Command::Fit { common, out } => {
             let started = Instant::now();
-            let (spec, job, cluster) = prepare(&common, None, None, started)?;
+            let (spec, job, cluster, _) = prepare(&common, None, None, started)?;
             let report = dataflow::execute(job, &cluster, || {})?;
             let state = report
                 .state
@@ -172,9 +242,10 @@ fn demo(rows: u64, dir: &Path) -> Result<()> {
     }
     let pipeline = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/criteo.toml");
     eprintln!(
-        "hydrant: fitting and featurizing {} with {}",
+        "hydrant: fitting {} on {}, then streaming it to 2 ranks that train a logistic \
+         regression while the next batches are featurized",
+        pipeline.display(),
         data.display(),
-        pipeline.display()
     );
     let common = Common {
         pipeline,
@@ -184,11 +255,27 @@ fn demo(rows: u64, dir: &Path) -> Result<()> {
         process: 0,
         hostfile: None,
     };
+    let delivery = DeliveryArgs {
+        ranks: 2,
+        batch_size: 4096,
+        epochs: 2,
+        seed: 0,
+        shuffle: true,
+        shuffle_buffer: 65_536,
+        last_batch: "pad".into(),
+        start_epoch: 0,
+        start_step: 0,
+        prefetch: 2,
+        loader: "host".into(),
+        step_ms: 0.0,
+        learning_rate: 0.05,
+    };
     run(&RunArgs {
         common,
         state: None,
-        sink: "null".into(),
+        sink: "train:logreg".into(),
         summary: None,
+        delivery,
     })
     .map(|_| ())
 }
@@ -196,9 +283,9 @@ fn demo(rows: u64, dir: &Path) -> Result<()> {
 fn prepare(
     common: &Common,
     state: Option<&Path>,
-    sink: Option<SinkSpec>,
+    delivery: Option<&DeliveryArgs>,
     started: Instant,
-) -> Result<(PipelineSpec, Job, Cluster)> {
+) -> Result<(PipelineSpec, Job, Cluster, RunOptions)> {
     let spec = PipelineSpec::from_file(&common.pipeline)?;
     let mut inputs = Inputs::open(&common.input, spec.batch_rows)?;
     let plan = spec.plan(&inputs.schema())?;
@@ -226,46 +313,117 @@ fn prepare(
         process: common.process,
         hostfile: common.hostfile.clone(),
     };
-    if let Some(s) = &sink {
-        s.prepare(cluster.process)?;
-    }
+    let options = match delivery {
+        Some(d) => d.options(workers)?,
+        None => RunOptions {
+            workers,
+            ..RunOptions::default()
+        },
+    };
     let job = Job {
+        delivery: options.delivery(&inputs)?,
         inputs: Arc::new(inputs),
         plan: Arc::new(plan),
         state,
-        sink,
+        output: None,
         started,
         progress: Default::default(),
+        errors: Default::default(),
     };
-    Ok((spec, job, cluster))
+    Ok((spec, job, cluster, options))
+}
+
+/// What the trainers (or the null consumers) saw.
+#[derive(Default)]
+struct Consumed {
+    stall_s: Vec<f64>,
+    wall_s: f64,
+    train: Option<TrainReport>,
 }
 
 fn run(args: &RunArgs) -> Result<Report> {
     let started = Instant::now();
     let sink: SinkSpec = args.sink.parse()?;
-    let (spec, job, cluster) = prepare(
+    let (spec, mut job, cluster, options) = prepare(
         &args.common,
         args.state.as_deref(),
-        Some(sink.clone()),
+        Some(&args.delivery),
         started,
     )?;
-    let total_rows = job.inputs.total_rows();
+    let plan = job.delivery.plan.clone();
+    let epochs = job.delivery.epochs - job.delivery.start_epoch.min(job.delivery.epochs);
+    let total_rows = plan.delivered_rows() * epochs;
     let progress: Arc<AtomicU64> = job.progress.clone();
-    let bar = progress_bar(total_rows);
-    let report = dataflow::execute(job, &cluster, || {
-        bar.set_position(progress.load(Ordering::Relaxed))
-    })?;
+    let bar = progress_bar(total_rows, matches!(sink, SinkSpec::Train));
+    let tick = || bar.set_position(progress.load(Ordering::Relaxed));
+    let use_loaders = match &sink {
+        SinkSpec::Train => true,
+        SinkSpec::Null => cluster.processes == 1,
+        SinkSpec::Parquet(_) => false,
+    };
+    let mut consumed = Consumed::default();
+    let report = if use_loaders {
+        if cluster.processes > 1 {
+            return Err(Error::Usage(
+                "--sink train:logreg runs every rank in one process (use --processes 1)".into(),
+            ));
+        }
+        let running = hydrant::pipeline::start(job, cluster.clone(), options.loader)?;
+        let t0 = Instant::now();
+        consumed.train = match &sink {
+            SinkSpec::Train => Some(hydrant::train::train(
+                running.ranks(),
+                TrainConfig {
+                    learning_rate: args.delivery.learning_rate,
+                    step_time: std::time::Duration::from_secs_f64(args.delivery.step_ms / 1e3),
+                    log_every: if std::io::stderr().is_terminal() { 10 } else { 0 },
+                    ..TrainConfig::default()
+                },
+            )?),
+            _ => {
+                drain(running.ranks(), &tick)?;
+                None
+            }
+        };
+        consumed.wall_s = t0.elapsed().as_secs_f64();
+        consumed.stall_s = running
+            .ranks()
+            .iter()
+            .map(|l| round3(l.stall().as_secs_f64()))
+            .collect();
+        running.join()?
+    } else {
+        sink.prepare(cluster.process)?;
+        job.output = Some(Output::Sink(sink.clone()));
+        dataflow::execute(job, &cluster, tick)?
+    };
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
+    let stall_fraction = (!consumed.stall_s.is_empty() && consumed.wall_s > 0.0).then(|| {
+        let mean = consumed.stall_s.iter().sum::<f64>() / consumed.stall_s.len() as f64;
+        round3(mean / consumed.wall_s)
+    });
+    let losses = consumed.train.as_ref().map(|t| &t.losses);
     let summary = json!({
         "pipeline": spec.name,
         "rows": report.rows,
         "batches": report.batches,
-        "input_rows": total_rows,
+        "input_rows": plan.rows(),
+        "ranks": plan.world_size(),
+        "batch_size": plan.batch_size(),
+        "epochs": epochs,
+        "steps_per_rank": report.steps_per_rank,
+        "padded_rows": report.padded_rows,
+        "dropped_rows": plan.dropped_rows() * epochs,
         "fit_s": round3(report.fit.as_secs_f64()),
         "seconds": round3(seconds),
         "rows_per_s": (report.rows as f64 / seconds).round(),
         "first_batch_s": report.first_batch.map(|d| round3(d.as_secs_f64())),
+        "stall_s_per_rank": consumed.stall_s,
+        "stall_fraction": stall_fraction,
+        "logloss_first": losses.and_then(|l| l.first()).map(|x| round4(*x)),
+        "logloss_last": losses.and_then(|l| l.last()).map(|x| round4(*x)),
+        "train_steps": consumed.train.as_ref().map(|t| t.steps),
         "workers": cluster.workers,
         "processes": cluster.processes,
         "process": cluster.process,
@@ -281,8 +439,33 @@ fn run(args: &RunArgs) -> Result<Report> {
     Ok(report)
 }
 
-fn progress_bar(total: u64) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
+/// Reads every rank's batches and drops them, each rank on its own thread.
+fn drain(loaders: &[hydrant::loader::Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
+    std::thread::scope(|s| {
+        let threads: Vec<_> = loaders
+            .iter()
+            .map(|l| {
+                s.spawn(move || {
+                    for (i, b) in l.batches().enumerate() {
+                        b?;
+                        if l.rank() == 0 && i % 64 == 0 {
+                            tick();
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| Err(Error::Dataflow("a reader panicked".into()))))
+            .collect::<Result<()>>()
+    })
+}
+
+fn progress_bar(total: u64, training: bool) -> ProgressBar {
+    // Training prints its own progress lines.
+    if training || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);
@@ -305,6 +488,10 @@ fn peak_rss_mb() -> Option<f64> {
         .parse()
         .ok()?;
     Some(round3(kb / 1024.0))
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 10000.0).round() / 10000.0
 }
 
 fn round3(x: f64) -> f64 {

@@ -35,6 +35,8 @@ pub struct StepMeta {
     pub world_size: usize,
     /// Padding rows at the end of the batch.
     pub padded_rows: usize,
+    /// Version of the fitted state that featurized it.
+    pub state_version: u64,
 }
 
 /// One rank's batch of one step: the plan's output columns plus `is_padding`.
@@ -85,11 +87,13 @@ pub struct Rebatcher {
     free: Vec<usize>,
     step: Vec<Handle>,
     seq: u64,
+    state_version: u64,
 }
 
 impl Rebatcher {
-    /// A rebatcher for batches of schema `output` (the plan's output schema).
-    pub fn new(plan: Arc<EpochPlan>, output: &Schema) -> Result<Self> {
+    /// A rebatcher for batches of schema `output` (the plan's output schema), featurized
+    /// with state `state_version`.
+    pub fn new(plan: Arc<EpochPlan>, output: &Schema, state_version: u64) -> Result<Self> {
         let padding = padding_batch(output, plan.batch_size())?;
         Ok(Rebatcher {
             schema: delivery_schema(output),
@@ -102,6 +106,7 @@ impl Rebatcher {
             free: Vec::new(),
             step: Vec::with_capacity(plan.step_rows().min(1 << 20) as usize),
             seq: 0,
+            state_version,
             plan,
         })
     }
@@ -230,6 +235,7 @@ impl Rebatcher {
                     rank,
                     world_size: self.plan.world_size(),
                     padded_rows: padded,
+                    state_version: self.state_version,
                 },
                 batch: Batch {
                     seq: self.seq,
@@ -373,28 +379,22 @@ mod tests {
     /// Runs one epoch through a rebatcher the way the dataflow does, reading units in
     /// plan order in pieces of `chunk` rows, skipping what the plan says may be skipped.
     fn deliver(plan: &Arc<EpochPlan>, epoch: u64, start: u64, chunk: usize) -> Vec<RankBatch> {
-        let mut r = Rebatcher::new(plan.clone(), &schema()).unwrap();
+        let mut r = Rebatcher::new(plan.clone(), &schema(), 1).unwrap();
         r.start_epoch(epoch, start);
         let skip = plan.skippable(epoch, start);
-        let mut first_rows = vec![0u64];
         let mut out = Vec::new();
-        let order = plan.unit_order(epoch);
-        let unit_rows: Vec<u64> = (0..order.len())
-            .map(|u| plan.unit_positions(epoch).iter().find(|p| p.0 == u).map_or(0, |p| p.2))
-            .collect();
-        for &n in &unit_rows {
-            first_rows.push(first_rows.last().unwrap() + n);
-        }
-        for (k, &u) in order.iter().enumerate() {
-            if skip[k] {
-                r.push_skipped(unit_rows[u], &mut out).unwrap();
+        for (u, _, n) in plan.unit_positions(epoch) {
+            if skip[u] {
+                r.push_skipped(n, &mut out).unwrap();
                 continue;
             }
-            let mut at = first_rows[u];
-            while at < first_rows[u + 1] {
-                let n = (first_rows[u + 1] - at).min(chunk as u64) as usize;
-                r.push(rows(at, n), &mut out).unwrap();
-                at += n as u64;
+            // Row ids of unit u start where the units before it (in input order) end.
+            let first: u64 = (0..u).map(|v| plan.unit_rows(v)).sum();
+            let mut at = 0;
+            while at < n {
+                let k = (n - at).min(chunk as u64) as usize;
+                r.push(rows(first + at, k), &mut out).unwrap();
+                at += k as u64;
             }
         }
         r.finish_epoch(&mut out).unwrap();
@@ -451,7 +451,7 @@ mod tests {
     #[test]
     fn a_single_run_is_a_zero_copy_slice() {
         let plan = Arc::new(EpochPlan::new(vec![64], 2, 16, LastBatch::Pad, 0, None).unwrap());
-        let mut r = Rebatcher::new(plan, &schema()).unwrap();
+        let mut r = Rebatcher::new(plan, &schema(), 1).unwrap();
         r.start_epoch(0, 0);
         let input = rows(0, 64);
         let mut out = Vec::new();

@@ -5,20 +5,26 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use std::sync::Arc;
+
+use arrow::array::{RecordBatch, UInt32Array, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, Result, one_line};
+use crate::rebatch::RankBatch;
 
 /// A sink as named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkSpec {
     /// Consume and count.
     Null,
-    /// Parquet files under a folder, one per worker (`part-p{process}-w{worker}.parquet`).
+    /// Train a data-parallel logistic regression on the host (`train:logreg`).
+    Train,
+    /// Parquet files under a folder, one per worker (`part-p{process}-w{worker}.parquet`),
+    /// with `rank`, `epoch` and `step` columns beside the delivered ones.
     Parquet(PathBuf),
 }
 
@@ -28,9 +34,10 @@ impl FromStr for SinkSpec {
     fn from_str(s: &str) -> Result<Self> {
         match s.split_once(':') {
             None if s == "null" => Ok(SinkSpec::Null),
+            Some(("train", "logreg")) => Ok(SinkSpec::Train),
             Some(("parquet", dir)) if !dir.is_empty() => Ok(SinkSpec::Parquet(PathBuf::from(dir))),
             _ => Err(Error::Usage(format!(
-                "unknown sink `{s}` (expected `null` or `parquet:DIR`)"
+                "unknown sink `{s}` (expected `null`, `parquet:DIR` or `train:logreg`)"
             ))),
         }
     }
@@ -40,6 +47,7 @@ impl std::fmt::Display for SinkSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             SinkSpec::Null => f.write_str("null"),
+            SinkSpec::Train => f.write_str("train:logreg"),
             SinkSpec::Parquet(dir) => write!(f, "parquet:{}", dir.display()),
         }
     }
@@ -73,7 +81,7 @@ impl SinkSpec {
         Ok(())
     }
 
-    /// Opens the sink of one worker.
+    /// Opens the sink of one worker, for rank batches of `schema`.
     pub fn open(
         &self,
         process: usize,
@@ -82,6 +90,10 @@ impl SinkSpec {
     ) -> Result<Box<dyn BatchSink>> {
         match self {
             SinkSpec::Null => Ok(Box::new(NullSink)),
+            SinkSpec::Train => Err(Error::Sink {
+                sink: self.to_string(),
+                reason: "is fed by loaders, not written by workers".into(),
+            }),
             SinkSpec::Parquet(dir) => {
                 let path = dir.join(format!("part-p{process}-w{worker:04}.parquet"));
                 let err = |e: &dyn std::fmt::Display| Error::Sink {
@@ -92,10 +104,18 @@ impl SinkSpec {
                 let props = WriterProperties::builder()
                     .set_compression(Compression::SNAPPY)
                     .build();
-                let writer =
-                    ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| err(&e))?;
+                let mut fields: Vec<_> = schema.fields().iter().cloned().collect();
+                fields.extend([
+                    Arc::new(Field::new("rank", DataType::UInt32, false)),
+                    Arc::new(Field::new("epoch", DataType::UInt64, false)),
+                    Arc::new(Field::new("step", DataType::UInt64, false)),
+                ]);
+                let schema = Arc::new(Schema::new(fields));
+                let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
+                    .map_err(|e| err(&e))?;
                 Ok(Box::new(ParquetSink {
                     writer: Some(writer),
+                    schema,
                     name: self.to_string(),
                 }))
             }
@@ -103,10 +123,10 @@ impl SinkSpec {
     }
 }
 
-/// Where one worker's featurized batches go.
+/// Where one worker's rank batches go.
 pub trait BatchSink {
-    /// Takes one batch.
-    fn write(&mut self, batch: &RecordBatch) -> Result<()>;
+    /// Takes one rank batch.
+    fn write(&mut self, batch: &RankBatch) -> Result<()>;
     /// Flushes and closes; called once after the last batch.
     fn finish(&mut self) -> Result<()>;
 }
@@ -114,7 +134,7 @@ pub trait BatchSink {
 struct NullSink;
 
 impl BatchSink for NullSink {
-    fn write(&mut self, _: &RecordBatch) -> Result<()> {
+    fn write(&mut self, _: &RankBatch) -> Result<()> {
         Ok(())
     }
 
@@ -125,16 +145,24 @@ impl BatchSink for NullSink {
 
 struct ParquetSink {
     writer: Option<ArrowWriter<File>>,
+    schema: SchemaRef,
     name: String,
 }
 
 impl BatchSink for ParquetSink {
-    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+    fn write(&mut self, rb: &RankBatch) -> Result<()> {
+        let err = |e: &dyn std::fmt::Display| Error::Sink {
+            sink: self.name.clone(),
+            reason: one_line(e),
+        };
+        let n = rb.data().num_rows();
+        let mut columns = rb.data().columns().to_vec();
+        columns.push(Arc::new(UInt32Array::from(vec![rb.meta.rank as u32; n])));
+        columns.push(Arc::new(UInt64Array::from(vec![rb.meta.epoch; n])));
+        columns.push(Arc::new(UInt64Array::from(vec![rb.meta.step; n])));
+        let batch = RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| err(&e))?;
         match &mut self.writer {
-            Some(w) => w.write(batch).map_err(|e| Error::Sink {
-                sink: self.name.clone(),
-                reason: one_line(e),
-            }),
+            Some(w) => w.write(&batch).map_err(|e| err(&e)),
             None => Err(Error::Sink {
                 sink: self.name.clone(),
                 reason: "written after finish".into(),

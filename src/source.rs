@@ -117,6 +117,11 @@ impl Inputs {
         self.units.iter().map(|u| u.rows).sum()
     }
 
+    /// Rows per batch read.
+    pub fn batch_rows(&self) -> usize {
+        self.batch_rows
+    }
+
     /// Units of work, in input order.
     pub fn units(&self) -> &[Unit] {
         &self.units

@@ -109,6 +109,25 @@ impl PipelineSpec {
         Ok(spec)
     }
 
+    /// A pipeline built in code; `origin` names it in errors.
+    pub fn new(
+        name: &str,
+        origin: &str,
+        label: Option<LabelSpec>,
+        groups: Vec<FeatureGroup>,
+        batch_rows: usize,
+    ) -> Result<Self> {
+        let spec = PipelineSpec {
+            name: name.into(),
+            origin: origin.into(),
+            label,
+            groups,
+            batch_rows,
+        };
+        spec.check()?;
+        Ok(spec)
+    }
+
     fn check(&self) -> Result<()> {
         let bad = |reason: &str| {
             Err(Error::Spec {

@@ -1,0 +1,358 @@
+//! The embedded API: build a pipeline in code, run it on in-process ranks and take each
+//! rank's [`TrainingBatch`]es in your own training loop.
+//!
+//! [`TrainingBatch`]: crate::loader::TrainingBatch
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use hydrant_operators::{ErrorSlot, FeatureGroup, FittedState, GroupKind, LabelSpec, Step};
+
+use crate::dataflow::{self, Cluster, Job, Output, Report};
+use crate::epoch::{EpochPlan, LastBatch};
+use crate::error::{Error, Result};
+use crate::loader::{self, Loader, LoaderConfig};
+use crate::route::Delivery;
+use crate::source::Inputs;
+use crate::spec::{DEFAULT_BATCH_ROWS, PipelineSpec};
+
+/// How a run delivers: ranks, batch size, epochs, order and where to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Data-parallel ranks (world size).
+    pub ranks: usize,
+    /// Rows per rank per step.
+    pub batch_size: usize,
+    /// Epochs to deliver.
+    pub epochs: u64,
+    /// Seed of the shuffle.
+    pub seed: u64,
+    /// Shuffle buffer rows; `None` delivers in input order.
+    pub shuffle: Option<usize>,
+    /// What to do with a last step that is not full.
+    pub last_batch: LastBatch,
+    /// First epoch delivered (to resume).
+    pub start_epoch: u64,
+    /// First step delivered within `start_epoch` (to resume).
+    pub start_step: u64,
+    /// Loader prefetch and backend.
+    pub loader: LoaderConfig,
+    /// Dataflow worker threads.
+    pub workers: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            ranks: 1,
+            batch_size: 4096,
+            epochs: 1,
+            seed: 0,
+            shuffle: None,
+            last_batch: LastBatch::Pad,
+            start_epoch: 0,
+            start_step: 0,
+            loader: LoaderConfig::default(),
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+impl RunOptions {
+    /// The delivery these options describe over `inputs`.
+    pub fn delivery(&self, inputs: &Inputs) -> Result<Delivery> {
+        let units = inputs.units().iter().map(|u| u.rows).collect();
+        let plan = EpochPlan::new(
+            units,
+            self.ranks,
+            self.batch_size,
+            self.last_batch,
+            self.seed,
+            self.shuffle,
+        )?;
+        if self.epochs > 0 && self.start_epoch >= self.epochs {
+            return Err(Error::Usage(format!(
+                "--start-epoch {} is past the last epoch ({})",
+                self.start_epoch,
+                self.epochs - 1
+            )));
+        }
+        if self.start_step > plan.steps() {
+            return Err(Error::Usage(format!(
+                "--start-step {} is past the end of the epoch ({} steps)",
+                self.start_step,
+                plan.steps()
+            )));
+        }
+        Ok(Delivery {
+            plan: Arc::new(plan),
+            epochs: self.epochs,
+            start_epoch: self.start_epoch,
+            start_step: self.start_step,
+        })
+    }
+}
+
+/// Builds a [`Pipeline`] in code. Steps are written as in pipeline files
+/// (`"clip(-3, 3)"`); mistakes are reported by [`PipelineBuilder::build`].
+#[derive(Debug, Clone)]
+pub struct PipelineBuilder {
+    name: String,
+    inputs: Vec<PathBuf>,
+    label: Option<LabelSpec>,
+    groups: Vec<(String, GroupKind, Vec<String>, Vec<String>)>,
+    batch_rows: usize,
+    state: Option<FittedState>,
+    options: RunOptions,
+}
+
+impl PipelineBuilder {
+    /// Adds an input file or folder (rows are numbered in the order inputs are added).
+    pub fn input(mut self, path: impl Into<PathBuf>) -> Self {
+        self.inputs.push(path.into());
+        self
+    }
+
+    /// Delivers column `column` as the float32 label.
+    pub fn label(mut self, column: &str) -> Self {
+        self.label = Some(LabelSpec {
+            column: column.into(),
+            dtype: Default::default(),
+        });
+        self
+    }
+
+    /// Adds a dense group: each column through `steps`, into one `[B, D]` f32 tensor.
+    pub fn dense(self, name: &str, columns: &[&str], steps: &[&str]) -> Self {
+        self.group(name, GroupKind::Dense, columns, steps)
+    }
+
+    /// Adds an id group: each column through `steps` (ending in `vocab` or `hash_bucket`),
+    /// into one `[B, K]` i64 tensor.
+    pub fn ids(self, name: &str, columns: &[&str], steps: &[&str]) -> Self {
+        self.group(name, GroupKind::Ids, columns, steps)
+    }
+
+    fn group(mut self, name: &str, kind: GroupKind, columns: &[&str], steps: &[&str]) -> Self {
+        self.groups.push((
+            name.into(),
+            kind,
+            columns.iter().map(|c| c.to_string()).collect(),
+            steps.iter().map(|s| s.to_string()).collect(),
+        ));
+        self
+    }
+
+    /// Rows per batch read from the input.
+    pub fn batch_rows(mut self, rows: usize) -> Self {
+        self.batch_rows = rows;
+        self
+    }
+
+    /// Uses a fitted state instead of fitting when the run starts.
+    pub fn state(mut self, state: FittedState) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Data-parallel ranks.
+    pub fn ranks(mut self, ranks: usize) -> Self {
+        self.options.ranks = ranks;
+        self
+    }
+
+    /// Rows per rank per step.
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.options.batch_size = rows;
+        self
+    }
+
+    /// Epochs to deliver.
+    pub fn epochs(mut self, epochs: u64) -> Self {
+        self.options.epochs = epochs;
+        self
+    }
+
+    /// Shuffles with `seed` through a buffer of `buffer_rows` rows.
+    pub fn shuffle(mut self, seed: u64, buffer_rows: usize) -> Self {
+        self.options.seed = seed;
+        self.options.shuffle = Some(buffer_rows);
+        self
+    }
+
+    /// Starts delivery at `step` of `epoch` (to resume a trainer).
+    pub fn start_at(mut self, epoch: u64, step: u64) -> Self {
+        self.options.start_epoch = epoch;
+        self.options.start_step = step;
+        self
+    }
+
+    /// Sets every run option at once.
+    pub fn options(mut self, options: RunOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Checks the pipeline against the inputs' schemas (reading only footers).
+    pub fn build(self) -> Result<Pipeline> {
+        let origin = format!("<builder {}>", self.name);
+        let mut groups = Vec::new();
+        for (name, kind, columns, steps) in self.groups {
+            let steps = steps
+                .iter()
+                .map(|s| {
+                    Step::parse(s).map_err(|e| Error::Spec {
+                        file: origin.clone(),
+                        reason: format!("group `{name}`: {e}"),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let cols: Vec<&str> = columns.iter().map(String::as_str).collect();
+            groups.push(FeatureGroup::new(&name, kind, &cols, steps));
+        }
+        let spec = PipelineSpec::new(&self.name, &origin, self.label, groups, self.batch_rows)?;
+        Pipeline::new(spec, &self.inputs, self.state, self.options)
+    }
+}
+
+/// A pipeline checked against its inputs, ready to run.
+pub struct Pipeline {
+    spec: PipelineSpec,
+    inputs: Arc<Inputs>,
+    plan: Arc<hydrant_operators::FeaturePlan>,
+    state: Option<FittedState>,
+    options: RunOptions,
+}
+
+impl Pipeline {
+    /// Starts building a pipeline called `name`.
+    pub fn builder(name: &str) -> PipelineBuilder {
+        PipelineBuilder {
+            name: name.into(),
+            inputs: Vec::new(),
+            label: None,
+            groups: Vec::new(),
+            batch_rows: DEFAULT_BATCH_ROWS,
+            state: None,
+            options: RunOptions::default(),
+        }
+    }
+
+    /// A pipeline from a parsed spec over `inputs`.
+    pub fn new(
+        spec: PipelineSpec,
+        inputs: &[PathBuf],
+        state: Option<FittedState>,
+        options: RunOptions,
+    ) -> Result<Self> {
+        let mut opened = Inputs::open(inputs, spec.batch_rows)?;
+        let plan = spec.plan(&opened.schema())?;
+        opened.prepare(&plan, |s| spec.plan(s))?;
+        if let Some(state) = &state {
+            plan.transformer(state)?;
+        }
+        // Checked now, so that a bad option fails before anything starts.
+        options.delivery(&opened)?;
+        Ok(Pipeline {
+            spec,
+            inputs: Arc::new(opened),
+            plan: Arc::new(plan),
+            state,
+            options,
+        })
+    }
+
+    /// The pipeline as specified.
+    pub fn spec(&self) -> &PipelineSpec {
+        &self.spec
+    }
+
+    /// The delivery plan (steps per epoch, padding, ...).
+    pub fn epoch_plan(&self) -> Result<EpochPlan> {
+        Ok(self.options.delivery(&self.inputs)?.plan.as_ref().clone())
+    }
+
+    /// Starts the dataflow and one loader per rank; fits first if no state was given.
+    pub fn start(self) -> Result<Running> {
+        let job = Job {
+            delivery: self.options.delivery(&self.inputs)?,
+            inputs: self.inputs,
+            plan: self.plan,
+            state: self.state,
+            output: None,
+            started: Instant::now(),
+            progress: Default::default(),
+            errors: ErrorSlot::default(),
+        };
+        start(job, Cluster::local(self.options.workers), self.options.loader)
+    }
+}
+
+/// Starts `job` on `cluster` (one process) with its rank batches going to one loader per
+/// rank, on a thread of its own.
+pub fn start(mut job: Job, cluster: Cluster, config: LoaderConfig) -> Result<Running> {
+    let mut feeds = Vec::new();
+    let mut loaders = Vec::new();
+    let mut actors = Vec::new();
+    for rank in 0..job.delivery.plan.world_size() {
+        let (feed, loader, actor) = loader::spawn(rank, config, job.errors.clone())?;
+        feeds.push(feed);
+        loaders.push(loader);
+        actors.push(actor);
+    }
+    job.output = Some(Output::Loaders(feeds));
+    let progress = job.progress.clone();
+    let dataflow = std::thread::Builder::new()
+        .name("hydrant-dataflow".into())
+        .spawn(move || dataflow::execute(job, &cluster, || {}))
+        .map_err(|e| Error::Dataflow(format!("cannot start the dataflow: {e}")))?;
+    Ok(Running {
+        loaders,
+        actors,
+        dataflow,
+        progress,
+    })
+}
+
+/// A running pipeline: one [`Loader`] per rank, and the dataflow feeding them.
+pub struct Running {
+    loaders: Vec<Loader>,
+    actors: Vec<JoinHandle<()>>,
+    dataflow: JoinHandle<Result<Report>>,
+    progress: Arc<AtomicU64>,
+}
+
+impl Running {
+    /// Rank `r`'s batches. Consume all ranks together (as the trainers of one job do):
+    /// a rank left unread stalls the others once its queue is full.
+    pub fn rank(&self, r: usize) -> &Loader {
+        &self.loaders[r]
+    }
+
+    /// Real rows delivered so far.
+    pub fn delivered(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
+    /// Every rank's loader, by rank.
+    pub fn ranks(&self) -> &[Loader] {
+        &self.loaders
+    }
+
+    /// Waits for the dataflow to finish and returns what it did. Drop or drain the
+    /// loaders first: the dataflow waits for ranks that are not read.
+    pub fn join(self) -> Result<Report> {
+        drop(self.loaders);
+        let report = self
+            .dataflow
+            .join()
+            .map_err(|_| Error::Dataflow("the dataflow thread panicked".into()))?;
+        for a in self.actors {
+            let _ = a.join();
+        }
+        report
+    }
+}
