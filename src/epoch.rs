@@ -309,6 +309,11 @@ impl<T> Shuffler<T> {
         self.buffer
     }
 
+    /// The rows held, to rewrite in place (their order in the buffer is kept).
+    pub fn held_mut(&mut self) -> &mut [T] {
+        &mut self.buffer
+    }
+
     /// Rows held.
     pub fn len(&self) -> usize {
         self.buffer.len()

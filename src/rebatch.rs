@@ -4,6 +4,11 @@
 //! Rows are not copied until a rank batch is cut: the rebatcher holds the featurized
 //! batches and passes *handles* (batch, row) through the shuffle buffer. A rank batch that
 //! is one run of one batch is a zero-copy slice; otherwise its rows are gathered.
+//!
+//! A held batch stays alive while any of its rows is in the shuffle buffer, and a few rows
+//! linger long, so with shuffling the rebatcher compacts: once the held batches hold more
+//! than twice the buffer's rows, the rows still referenced are gathered into one batch.
+//! That costs about one extra copy per row and keeps memory near twice the buffer.
 
 use std::sync::Arc;
 
@@ -84,6 +89,8 @@ pub struct Rebatcher {
     emitted: u64,
     shuffler: Shuffler<Handle>,
     held: Vec<Option<Held>>,
+    /// Rows of all held batches, referenced or not.
+    held_total: usize,
     free: Vec<usize>,
     step: Vec<Handle>,
     seq: u64,
@@ -103,6 +110,7 @@ impl Rebatcher {
             skip: 0,
             emitted: 0,
             held: Vec::new(),
+            held_total: 0,
             free: Vec::new(),
             step: Vec::with_capacity(plan.step_rows().min(1 << 20) as usize),
             seq: 0,
@@ -139,6 +147,7 @@ impl Rebatcher {
             }
         };
         self.held[slot] = Some(Held { batch, live: rows });
+        self.held_total += rows;
         for row in 0..rows {
             let h = Handle::Row {
                 slot: slot as u32,
@@ -148,6 +157,42 @@ impl Rebatcher {
                 self.emit(h, out)?;
             }
         }
+        if self.plan.shuffled() && self.held_total > 2 * (self.shuffler.len() + self.step.len()) + rows
+        {
+            self.compact()?;
+        }
+        Ok(())
+    }
+
+    /// Gathers every row still referenced into one batch and lets the old batches go.
+    fn compact(&mut self) -> Result<()> {
+        let mut handles: Vec<Handle> = self.shuffler.held_mut().to_vec();
+        handles.extend_from_slice(&self.step);
+        let rows: Vec<Handle> = handles
+            .into_iter()
+            .filter(|h| matches!(h, Handle::Row { .. }))
+            .collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let batch = self.gather(&rows)?;
+        let mut next = 0u32;
+        let mut renumber = |h: &mut Handle| {
+            if let Handle::Row { slot, row } = h {
+                *slot = 0;
+                *row = next;
+                next += 1;
+            }
+        };
+        // Same order as `rows` above: buffer first, then the step.
+        self.shuffler.held_mut().iter_mut().for_each(&mut renumber);
+        self.step.iter_mut().for_each(&mut renumber);
+        self.held_total = batch.num_rows();
+        self.held = vec![Some(Held {
+            live: batch.num_rows(),
+            batch,
+        })];
+        self.free.clear();
         Ok(())
     }
 
@@ -208,6 +253,7 @@ impl Rebatcher {
             if let Some(held) = &mut self.held[slot] {
                 held.live -= 1;
                 if held.live == 0 {
+                    self.held_total -= held.batch.num_rows();
                     self.held[slot] = None;
                     self.free.push(slot);
                 }
