@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use hydrant_operators::{Batch, ErrorSlot, FeaturePlan, Featurize, FitPartial, FittedState};
+use hydrant_operators::{
+    Batch, ErrorSlot, FeaturePlan, Featurize, FitPartial, FittedState, Transformer,
+};
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::vec::{Broadcast, Input};
@@ -108,6 +110,9 @@ pub struct Job {
     pub plan: Arc<FeaturePlan>,
     /// A fitted state to use; fit first when `None`.
     pub state: Option<FittedState>,
+    /// `state` bound to `plan`, if the caller bound it already (each worker clones it
+    /// instead of binding again).
+    pub bound: Option<Transformer>,
     /// Which rows go to which rank, for which epochs.
     pub delivery: Delivery,
     /// Where rank batches go; `None` only fits.
@@ -123,8 +128,10 @@ pub struct Job {
 /// What the workers of this process did.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
-    /// The state used (fitted here or given).
+    /// The state fitted by this run (`None` when one was given).
     pub state: Option<FittedState>,
+    /// Version of the state used.
+    pub state_version: Option<u64>,
     /// Time spent fitting.
     pub fit: Duration,
     /// Real rows delivered by this process's sinks.
@@ -156,6 +163,7 @@ impl Report {
             (a, b) => a.or(b),
         };
         self.state = self.state.take().or(r.state);
+        self.state_version = self.state_version.or(r.state_version);
     }
 }
 
@@ -219,24 +227,32 @@ fn run_worker(
     errors: &ErrorSlot,
 ) -> Result<Report> {
     let t0 = Instant::now();
-    let state = match &job.state {
-        Some(s) => s.clone(),
-        None => fit(worker, job, errors)?,
+    // A given state is shared, not cloned: a vocabulary state can be large.
+    let fitted = match &job.state {
+        Some(_) => None,
+        None => Some(fit(worker, job, errors)?),
     };
-    let fit_time = if job.state.is_some() {
-        Duration::ZERO
-    } else {
-        t0.elapsed()
+    let Some(state) = fitted.as_ref().or(job.state.as_ref()) else {
+        unreachable!("fitted or given");
     };
-    let report = Report {
-        state: Some(state.clone()),
-        fit: fit_time,
+    let mut report = Report {
+        state_version: Some(state.version),
+        fit: if fitted.is_some() {
+            t0.elapsed()
+        } else {
+            Duration::ZERO
+        },
         ..Report::default()
     };
-    let Some(output) = &job.output else {
+    let transformer = match (&job.bound, &job.output) {
+        (_, None) => None,
+        (Some(t), _) => Some(t.clone()),
+        (None, _) => Some(job.plan.transformer(state)?),
+    };
+    report.state = fitted;
+    let (Some(output), Some(transformer)) = (&job.output, transformer) else {
         return Ok(report);
     };
-    let transformer = job.plan.transformer(&state)?;
     let delivery = job.delivery.clone();
     let world = delivery.plan.world_size();
 
@@ -297,8 +313,7 @@ fn run_worker(
                             r.batches += 1;
                             r.steps_per_rank[rb.meta.rank] += 1;
                             progress.fetch_add(real, Ordering::Relaxed);
-                            if let Some(Err(e)) = sink2.borrow_mut().as_mut().map(|s| s.write(rb))
-                            {
+                            if let Some(Err(e)) = sink2.borrow_mut().as_mut().map(|s| s.write(rb)) {
                                 errors2.set("sink", e);
                             }
                         }
@@ -342,7 +357,9 @@ fn read_epochs(
     let d = &job.delivery;
     let units = job.inputs.units();
     let biggest = units.iter().map(|u| u.rows).max().unwrap_or(0);
-    let window = peers as u64 * (biggest + IN_FLIGHT * job.inputs.batch_rows() as u64);
+    // Enough for the other readers to work on the next units while the router consumes
+    // this one, and no more: what the router holds is bounded by the window.
+    let window = (peers as u64 - 1) * biggest + IN_FLIGHT * job.inputs.batch_rows() as u64;
     for epoch in d.start_epoch..d.epochs {
         let skip = d.plan.skippable(epoch, d.first_step(epoch));
         let order = d.plan.unit_positions(epoch);
@@ -366,6 +383,9 @@ fn read_epochs(
                 let time = b.seq;
                 input.advance_to(time);
                 input.send(b);
+                // Step at least once per batch: worker 0 routes, and routing must not wait
+                // for the window to fill.
+                worker.step();
                 while probe.less_than(&time.saturating_sub(window)) {
                     worker.step();
                 }

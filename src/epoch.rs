@@ -415,9 +415,9 @@ mod tests {
             let before = (start * p.step_rows()).min(p.rows()) as usize;
             let early: HashSet<u64> = order[..before].iter().copied().collect();
             let skip = p.skippable(epoch, start);
-            for u in 0..p.unit_rows.len() {
+            for (u, &skipped) in skip.iter().enumerate() {
                 let rows = p.unit_first[u]..p.unit_first[u] + p.unit_rows[u];
-                if skip[u] {
+                if skipped {
                     prop_assert!(rows.clone().all(|r| early.contains(&r)));
                 } else if p.unit_rows[u] > 0 {
                     prop_assert!(!rows.clone().all(|r| early.contains(&r)));

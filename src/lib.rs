@@ -1,36 +1,63 @@
 //! # hydrant
 //!
 //! hydrant streams Arrow record batches through vectorized feature transforms and
-//! straight into data-parallel training. This crate assembles the pieces: pipeline files
-//! ([`PipelineSpec`]), inputs ([`source::Inputs`]), the timely dataflow
-//! ([`dataflow::execute`]), sinks, and the `hydrant` command line.
+//! straight into data-parallel training: a timely dataflow reads Parquet or Arrow IPC,
+//! featurizes batches as they arrive, cuts them into per-rank training batches by an
+//! [`epoch::EpochPlan`] (every rank the same number of steps, every row once per epoch,
+//! a deterministic shuffle, resumable mid-epoch) and hands them to one [`loader::Loader`]
+//! per rank while the next batches are still being featurized.
 //!
-//! ```no_run
-//! use std::sync::Arc;
-//! use hydrant::{PipelineSpec, dataflow::{self, Cluster, Job}, sink::SinkSpec, source::Inputs};
+//! ## Embedded use
 //!
-//! let spec = PipelineSpec::from_file("examples/criteo.toml".as_ref())?;
-//! let mut inputs = Inputs::open(&["criteo.parquet".into()], spec.batch_rows)?;
-//! let plan = spec.plan(&inputs.schema())?;
-//! inputs.prepare(&plan, |s| spec.plan(s))?;
-//! let job = Job {
-//!     inputs: Arc::new(inputs),
-//!     plan: Arc::new(plan),
-//!     state: None, // fit first
-//!     sink: Some(SinkSpec::Null),
-//!     started: std::time::Instant::now(),
-//!     progress: Default::default(),
-//! };
-//! let report = dataflow::execute(job, &Cluster::local(2), || {})?;
-//! println!("{} rows", report.rows);
-//! # Ok::<(), hydrant::Error>(())
+//! Build a pipeline in code, start it, and take each rank's [`loader::TrainingBatch`]es in
+//! your own training loop (one thread per rank, as the trainers of a data-parallel job):
+//!
 //! ```
+//! use hydrant::pipeline::Pipeline;
+//!
+//! # let dir = tempfile::tempdir()?;
+//! # let data = dir.path().join("clicks.parquet");
+//! # hydrant::generate::criteo(20_000, &data, 7)?;
+//! let numeric: Vec<String> = (0..13).map(|i| format!("i{i}")).collect();
+//! let categorical: Vec<String> = (0..26).map(|i| format!("c{i}")).collect();
+//! let pipeline = Pipeline::builder("clicks")
+//!     .input(&data)
+//!     .label("label")
+//!     .dense("dense", &numeric, &["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"])
+//!     .ids("ids", &categorical, &["hash_bucket(65536)"])
+//!     .ranks(2)
+//!     .batch_size(1024)
+//!     .shuffle(42, 8192)
+//!     .build()?;
+//! let running = pipeline.start()?;
+//! std::thread::scope(|s| {
+//!     for r in 0..2 {
+//!         let loader = running.rank(r);
+//!         s.spawn(move || {
+//!             for batch in loader.batches() {
+//!                 let batch = batch?;
+//!                 assert_eq!(batch.dense.shape, [1024, 13]);
+//!                 assert_eq!(batch.ids.shape, [1024, 26]);
+//!                 // ... forward, backward, all-reduce, step ...
+//!             }
+//!             Ok::<(), hydrant::Error>(())
+//!         });
+//!     }
+//! });
+//! let report = running.join()?;
+//! assert_eq!(report.rows, 20_000);
+//! assert_eq!(report.steps_per_rank[0], report.steps_per_rank[1]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The same runs from the command line with a pipeline file: `hydrant run --pipeline
+//! examples/criteo.toml --input DATA --ranks 2 --sink train:logreg`. The pieces are public
+//! too: pipeline files ([`PipelineSpec`]), inputs ([`source::Inputs`]), the dataflow
+//! ([`dataflow::execute`]), delivery ([`epoch`], [`rebatch`], [`route`]) and sinks.
 
 pub mod dataflow;
 pub mod epoch;
 mod error;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod generate;
 pub mod loader;
 pub mod pipeline;
@@ -38,8 +65,8 @@ pub mod rebatch;
 pub mod route;
 pub mod sink;
 pub mod source;
-pub mod train;
 mod spec;
+pub mod train;
 
 pub use error::{Error, Result};
 pub use hydrant_operators as operators;

@@ -292,8 +292,7 @@ pub fn spawn(
         .name(format!("hydrant-loader-{rank}"))
         .spawn(move || {
             for rb in feed_rx.iter() {
-                let out = TrainingBatch::from_rank_batch(&rb)
-                    .and_then(|b| convert.place(b));
+                let out = TrainingBatch::from_rank_batch(&rb).and_then(|b| convert.place(b));
                 let failed = out.is_err();
                 if tx.send(out).is_err() || failed {
                     return;

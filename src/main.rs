@@ -290,8 +290,8 @@ fn prepare(
     let mut inputs = Inputs::open(&common.input, spec.batch_rows)?;
     let plan = spec.plan(&inputs.schema())?;
     inputs.prepare(&plan, |s| spec.plan(s))?;
-    let state = match state {
-        None => None,
+    let (state, bound) = match state {
+        None => (None, None),
         Some(path) => {
             let err = |reason: String| Error::State {
                 path: path.to_path_buf(),
@@ -300,8 +300,8 @@ fn prepare(
             let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
             let state = FittedState::from_json(&text).map_err(|e| err(e.to_string()))?;
             // Bind once here so that a state that does not fit fails before any data is read.
-            plan.transformer(&state).map_err(|e| err(e.to_string()))?;
-            Some(state)
+            let bound = plan.transformer(&state).map_err(|e| err(e.to_string()))?;
+            (Some(state), Some(bound))
         }
     };
     let workers = common
@@ -325,6 +325,7 @@ fn prepare(
         inputs: Arc::new(inputs),
         plan: Arc::new(plan),
         state,
+        bound,
         output: None,
         started,
         progress: Default::default(),
@@ -376,7 +377,11 @@ fn run(args: &RunArgs) -> Result<Report> {
                 TrainConfig {
                     learning_rate: args.delivery.learning_rate,
                     step_time: std::time::Duration::from_secs_f64(args.delivery.step_ms / 1e3),
-                    log_every: if std::io::stderr().is_terminal() { 10 } else { 0 },
+                    log_every: if std::io::stderr().is_terminal() {
+                        10
+                    } else {
+                        0
+                    },
                     ..TrainConfig::default()
                 },
             )?),
@@ -428,7 +433,7 @@ fn run(args: &RunArgs) -> Result<Report> {
         "processes": cluster.processes,
         "process": cluster.process,
         "sink": sink.to_string(),
-        "state_version": report.state.as_ref().map(|s| s.version),
+        "state_version": report.state_version,
         "peak_rss_mb": peak_rss_mb(),
     });
     if let Some(path) = &args.summary {
@@ -456,10 +461,10 @@ fn drain(loaders: &[hydrant::loader::Loader], tick: &(dyn Fn() + Sync)) -> Resul
                 })
             })
             .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().unwrap_or_else(|_| Err(Error::Dataflow("a reader panicked".into()))))
-            .collect::<Result<()>>()
+        threads.into_iter().try_for_each(|t| {
+            t.join()
+                .unwrap_or_else(|_| Err(Error::Dataflow("a reader panicked".into())))
+        })
     })
 }
 

@@ -126,21 +126,27 @@ impl PipelineBuilder {
     }
 
     /// Adds a dense group: each column through `steps`, into one `[B, D]` f32 tensor.
-    pub fn dense(self, name: &str, columns: &[&str], steps: &[&str]) -> Self {
+    pub fn dense(self, name: &str, columns: &[impl AsRef<str>], steps: &[&str]) -> Self {
         self.group(name, GroupKind::Dense, columns, steps)
     }
 
     /// Adds an id group: each column through `steps` (ending in `vocab` or `hash_bucket`),
     /// into one `[B, K]` i64 tensor.
-    pub fn ids(self, name: &str, columns: &[&str], steps: &[&str]) -> Self {
+    pub fn ids(self, name: &str, columns: &[impl AsRef<str>], steps: &[&str]) -> Self {
         self.group(name, GroupKind::Ids, columns, steps)
     }
 
-    fn group(mut self, name: &str, kind: GroupKind, columns: &[&str], steps: &[&str]) -> Self {
+    fn group(
+        mut self,
+        name: &str,
+        kind: GroupKind,
+        columns: &[impl AsRef<str>],
+        steps: &[&str],
+    ) -> Self {
         self.groups.push((
             name.into(),
             kind,
-            columns.iter().map(|c| c.to_string()).collect(),
+            columns.iter().map(|c| c.as_ref().to_string()).collect(),
             steps.iter().map(|s| s.to_string()).collect(),
         ));
         self
@@ -224,6 +230,7 @@ pub struct Pipeline {
     inputs: Arc<Inputs>,
     plan: Arc<hydrant_operators::FeaturePlan>,
     state: Option<FittedState>,
+    bound: Option<hydrant_operators::Transformer>,
     options: RunOptions,
 }
 
@@ -251,9 +258,10 @@ impl Pipeline {
         let mut opened = Inputs::open(inputs, spec.batch_rows)?;
         let plan = spec.plan(&opened.schema())?;
         opened.prepare(&plan, |s| spec.plan(s))?;
-        if let Some(state) = &state {
-            plan.transformer(state)?;
-        }
+        let bound = match &state {
+            Some(state) => Some(plan.transformer(state)?),
+            None => None,
+        };
         // Checked now, so that a bad option fails before anything starts.
         options.delivery(&opened)?;
         Ok(Pipeline {
@@ -261,6 +269,7 @@ impl Pipeline {
             inputs: Arc::new(opened),
             plan: Arc::new(plan),
             state,
+            bound,
             options,
         })
     }
@@ -282,12 +291,17 @@ impl Pipeline {
             inputs: self.inputs,
             plan: self.plan,
             state: self.state,
+            bound: self.bound,
             output: None,
             started: Instant::now(),
             progress: Default::default(),
             errors: ErrorSlot::default(),
         };
-        start(job, Cluster::local(self.options.workers), self.options.loader)
+        start(
+            job,
+            Cluster::local(self.options.workers),
+            self.options.loader,
+        )
     }
 }
 

@@ -13,8 +13,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
-    UInt64Array, new_empty_array,
+    ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch, UInt64Array,
+    new_empty_array,
 };
 use arrow::compute::{concat_batches, interleave_record_batch};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -69,7 +69,10 @@ pub fn delivery_schema(output: &Schema) -> SchemaRef {
 
 #[derive(Debug, Clone, Copy)]
 enum Handle {
-    Row { slot: u32, row: u32 },
+    Row {
+        slot: u32,
+        row: u32,
+    },
     /// A row of a unit that was not read because all of it lies before the start step.
     Skipped,
 }
@@ -157,7 +160,8 @@ impl Rebatcher {
                 self.emit(h, out)?;
             }
         }
-        if self.plan.shuffled() && self.held_total > 2 * (self.shuffler.len() + self.step.len()) + rows
+        if self.plan.shuffled()
+            && self.held_total > 2 * (self.shuffler.len() + self.step.len()) + rows
         {
             self.compact()?;
         }
@@ -504,7 +508,12 @@ mod tests {
         r.push(input.clone(), &mut out).unwrap();
         let src = input.column(1).as_fixed_size_list().values().to_data();
         // Rank 1 of step 0 is rows 16..32: 32 floats into the input's buffer.
-        let got = out[1].data().column(1).as_fixed_size_list().values().to_data();
+        let got = out[1]
+            .data()
+            .column(1)
+            .as_fixed_size_list()
+            .values()
+            .to_data();
         let offset = got.buffers()[0].as_ptr() as usize - src.buffers()[0].as_ptr() as usize;
         assert_eq!(offset, 32 * 4);
     }

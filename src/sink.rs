@@ -111,8 +111,8 @@ impl SinkSpec {
                     Arc::new(Field::new("step", DataType::UInt64, false)),
                 ]);
                 let schema = Arc::new(Schema::new(fields));
-                let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
-                    .map_err(|e| err(&e))?;
+                let writer =
+                    ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|e| err(&e))?;
                 Ok(Box::new(ParquetSink {
                     writer: Some(writer),
                     schema,

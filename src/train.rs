@@ -76,12 +76,15 @@ pub fn train(loaders: &[Loader], config: TrainConfig) -> Result<TrainReport> {
     let report = Mutex::new(TrainReport::default());
     let barrier = Barrier::new(ranks);
     let started = Instant::now();
-    let failures: Vec<String> = std::thread::scope(|s| {
-        let threads: Vec<_> = loaders
-            .iter()
-            .map(|loader| {
-                let (model, reduced, report, barrier) = (&model, &reduced, &report, &barrier);
-                s.spawn(move || {
+    let failures: Vec<String> =
+        std::thread::scope(|s| {
+            let threads: Vec<_> =
+                loaders
+                    .iter()
+                    .map(|loader| {
+                        let (model, reduced, report, barrier) =
+                            (&model, &reduced, &report, &barrier);
+                        s.spawn(move || {
                     let mut local = Reduced::default();
                     loop {
                         local.stop = None;
@@ -130,13 +133,13 @@ pub fn train(loaders: &[Loader], config: TrainConfig) -> Result<TrainReport> {
                         }
                     }
                 })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| t.join().unwrap_or_else(|_| "a trainer panicked".into()))
-            .collect()
-    });
+                    })
+                    .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| "a trainer panicked".into()))
+                .collect()
+        });
     if let Some(e) = failures.into_iter().find(|e| !e.is_empty()) {
         return Err(Error::Dataflow(format!("training stopped: {e}")));
     }

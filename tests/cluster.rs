@@ -46,6 +46,8 @@ fn two_processes_produce_the_rows_of_one() {
         &format!("parquet:{}", one.display()),
         "--workers",
         "1",
+        "--ranks",
+        "2",
     ]);
 
     let two = dir.path().join("two");
@@ -64,10 +66,12 @@ fn two_processes_produce_the_rows_of_one() {
             state_s,
             "--sink",
             &sink,
+            "--ranks",
+            "2",
         ],
     ) {
         rows_seen += summary["rows"].as_u64().unwrap();
-        // The exchange spreads batches over both processes' sinks.
+        // Rank r's batches go to worker r: one rank per process.
         assert!(summary["rows"].as_u64().unwrap() > 0, "{summary}");
     }
     assert_eq!(rows_seen, 300_000);

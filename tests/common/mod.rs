@@ -83,7 +83,7 @@ pub struct Row {
 }
 
 /// Reads every `part-*.parquet` under `dir` into rows keyed by `row_id`, asserting that no
-/// row id appears twice.
+/// row id appears twice; padding rows are checked for their marks and left out.
 pub fn read_output(dir: &Path) -> BTreeMap<u64, Row> {
     let mut rows = BTreeMap::new();
     let mut files: Vec<_> = std::fs::read_dir(dir)
@@ -106,7 +106,12 @@ pub fn read_output(dir: &Path) -> BTreeMap<u64, Row> {
             let (dw, cw) = (dense.value_length() as usize, cats.value_length() as usize);
             let dv = dense.values().as_primitive::<Float32Type>();
             let cv = cats.values().as_primitive::<Int64Type>();
+            let padding = b.column_by_name("is_padding").unwrap().as_boolean();
             for r in 0..b.num_rows() {
+                if padding.value(r) {
+                    assert_eq!(ids.value(r), u64::MAX, "a padding row with a real row id");
+                    continue;
+                }
                 let row = Row {
                     label: label.is_valid(r).then(|| label.value(r)),
                     dense: dv.values()[r * dw..(r + 1) * dw].to_vec(),
@@ -121,4 +126,60 @@ pub fn read_output(dir: &Path) -> BTreeMap<u64, Row> {
         }
     }
     rows
+}
+
+/// One delivered row's place, as a parquet sink records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Placed {
+    pub epoch: u64,
+    pub step: u64,
+    pub rank: u32,
+    /// Row within the rank's batch.
+    pub slot: usize,
+    pub row_id: u64,
+    pub is_padding: bool,
+}
+
+/// Reads every row of every part file under `dir` with its (epoch, step, rank, slot), in
+/// delivery order.
+pub fn read_placed(dir: &Path) -> Vec<Placed> {
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let mut slots: BTreeMap<(u64, u64, u32), usize> = BTreeMap::new();
+    for f in files {
+        for b in read_parquet(&f) {
+            let col = |n: &str| b.column_by_name(n).unwrap().clone();
+            let (ids, ranks, epochs, steps, pad) = (
+                col("row_id"),
+                col("rank"),
+                col("epoch"),
+                col("step"),
+                col("is_padding"),
+            );
+            let ids = ids.as_primitive::<UInt64Type>();
+            let ranks = ranks.as_primitive::<arrow::datatypes::UInt32Type>();
+            let epochs = epochs.as_primitive::<UInt64Type>();
+            let steps = steps.as_primitive::<UInt64Type>();
+            let pad = pad.as_boolean();
+            for r in 0..b.num_rows() {
+                let key = (epochs.value(r), steps.value(r), ranks.value(r));
+                let slot = slots.entry(key).or_default();
+                out.push(Placed {
+                    epoch: key.0,
+                    step: key.1,
+                    rank: key.2,
+                    slot: *slot,
+                    row_id: ids.value(r),
+                    is_padding: pad.value(r),
+                });
+                *slot += 1;
+            }
+        }
+    }
+    out.sort();
+    out
 }
