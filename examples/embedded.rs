@@ -74,7 +74,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         let mut acc = grads.lock().unwrap();
                         let n = acc.2.max(1) as f32;
                         let mut w = weights.lock().unwrap();
-                        w.iter_mut().zip(&acc.0).for_each(|(w, g)| *w -= 0.5 * g / n);
+                        w.iter_mut()
+                            .zip(&acc.0)
+                            .for_each(|(w, g)| *w -= 0.5 * g / n);
                         let m = batch.meta;
                         if m.step % 20 == 0 {
                             println!(
@@ -107,7 +109,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// Logistic-loss gradient of a linear model over the dense features, padding masked out.
 fn gradient(w: &[f32], batch: &TrainingBatch) -> (Vec<f32>, f64, usize) {
     let dense = batch.dense.host().expect("host batches");
-    let labels = batch.labels.as_ref().and_then(|l| l.host()).expect("a label");
+    let labels = batch
+        .labels
+        .as_ref()
+        .and_then(|l| l.host())
+        .expect("a label");
     let d = batch.dense.shape[1];
     let mut g = vec![0.0f32; d + 1];
     let (mut loss, mut n) = (0.0f64, 0);
@@ -120,7 +126,9 @@ fn gradient(w: &[f32], batch: &TrainingBatch) -> (Vec<f32>, f64, usize) {
         let p = 1.0 / (1.0 + (-z).exp());
         let y = labels[r];
         loss -= f64::from(y * (p + 1e-7).ln() + (1.0 - y) * (1.0 - p + 1e-7).ln());
-        x.iter().zip(&mut g).for_each(|(xi, gi)| *gi += (p - y) * xi);
+        x.iter()
+            .zip(&mut g)
+            .for_each(|(xi, gi)| *gi += (p - y) * xi);
         g[d] += p - y;
         n += 1;
     }

@@ -83,9 +83,11 @@ pub struct Row {
 }
 
 /// Reads every `part-*.parquet` under `dir` into rows keyed by `row_id`, asserting that no
-/// row id appears twice; padding rows are checked for their marks and left out.
+/// row id appears twice in an epoch and that a row is the same in every epoch; padding
+/// rows are checked for their marks and left out.
 pub fn read_output(dir: &Path) -> BTreeMap<u64, Row> {
     let mut rows = BTreeMap::new();
+    let mut seen = std::collections::BTreeSet::new();
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -107,6 +109,8 @@ pub fn read_output(dir: &Path) -> BTreeMap<u64, Row> {
             let dv = dense.values().as_primitive::<Float32Type>();
             let cv = cats.values().as_primitive::<Int64Type>();
             let padding = b.column_by_name("is_padding").unwrap().as_boolean();
+            let epochs = b.column_by_name("epoch").unwrap().clone();
+            let epochs = epochs.as_primitive::<UInt64Type>();
             for r in 0..b.num_rows() {
                 if padding.value(r) {
                     assert_eq!(ids.value(r), u64::MAX, "a padding row with a real row id");
@@ -117,11 +121,14 @@ pub fn read_output(dir: &Path) -> BTreeMap<u64, Row> {
                     dense: dv.values()[r * dw..(r + 1) * dw].to_vec(),
                     ids: cv.values()[r * cw..(r + 1) * cw].to_vec(),
                 };
+                let id = ids.value(r);
                 assert!(
-                    rows.insert(ids.value(r), row).is_none(),
-                    "row {} delivered twice",
-                    ids.value(r)
+                    seen.insert((epochs.value(r), id)),
+                    "row {id} delivered twice in an epoch"
                 );
+                if let Some(before) = rows.insert(id, row.clone()) {
+                    assert_eq!(before, row, "row {id} differs between epochs");
+                }
             }
         }
     }
