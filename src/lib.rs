@@ -55,6 +55,8 @@
 //! too: pipeline files ([`PipelineSpec`]), inputs ([`source::Inputs`]), the dataflow
 //! ([`dataflow::execute`]), delivery ([`epoch`], [`rebatch`], [`route`]) and sinks.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dataflow;
 pub mod epoch;
 mod error;

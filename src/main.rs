@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
-use hydrant::dataflow::{self, Cluster, Job, Output, Report};
+use hydrant::dataflow::{self, Cluster, Job, Output};
 use hydrant::epoch::LastBatch;
 use hydrant::loader::{Backend, LoaderConfig};
 use hydrant::operators::FittedState;
@@ -156,6 +156,9 @@ struct DeliveryArgs {
     /// train:logreg: learning rate.
     #[arg(long, default_value_t = 0.05)]
     learning_rate: f32,
+    /// train:logreg: print the loss every N steps to stderr (default: 10 on a terminal).
+    #[arg(long)]
+    log_every: Option<u64>,
 }
 
 impl DeliveryArgs {
@@ -269,15 +272,28 @@ fn demo(rows: u64, dir: &Path) -> Result<()> {
         loader: "host".into(),
         step_ms: 0.0,
         learning_rate: 0.05,
+        log_every: Some(10),
     };
-    run(&RunArgs {
+    let s = run(&RunArgs {
         common,
         state: None,
         sink: "train:logreg".into(),
         summary: None,
         delivery,
-    })
-    .map(|_| ())
+    })?;
+    eprintln!(
+        "hydrant: fitted in {} s, then featurized and trained {} rows on {} ranks in {} s \
+         ({} rows/s); trainers waited for data {:.1}% of the time; logloss {} -> {}",
+        s["fit_s"],
+        s["rows"],
+        s["ranks"],
+        s["seconds"],
+        s["rows_per_s"],
+        s["stall_fraction"].as_f64().unwrap_or(0.0) * 100.0,
+        s["logloss_first"],
+        s["logloss_last"],
+    );
+    Ok(())
 }
 
 fn prepare(
@@ -342,7 +358,7 @@ struct Consumed {
     train: Option<TrainReport>,
 }
 
-fn run(args: &RunArgs) -> Result<Report> {
+fn run(args: &RunArgs) -> Result<serde_json::Value> {
     let started = Instant::now();
     let sink: SinkSpec = args.sink.parse()?;
     let (spec, mut job, cluster, options) = prepare(
@@ -377,11 +393,13 @@ fn run(args: &RunArgs) -> Result<Report> {
                 TrainConfig {
                     learning_rate: args.delivery.learning_rate,
                     step_time: std::time::Duration::from_secs_f64(args.delivery.step_ms / 1e3),
-                    log_every: if std::io::stderr().is_terminal() {
-                        10
-                    } else {
-                        0
-                    },
+                    log_every: args.delivery.log_every.unwrap_or(
+                        if std::io::stderr().is_terminal() {
+                            10
+                        } else {
+                            0
+                        },
+                    ),
                     ..TrainConfig::default()
                 },
             )?),
@@ -441,7 +459,7 @@ fn run(args: &RunArgs) -> Result<Report> {
             .map_err(|e| Error::Usage(format!("--summary {}: {e}", path.display())))?;
     }
     println!("{summary}");
-    Ok(report)
+    Ok(summary)
 }
 
 /// Reads every rank's batches and drops them, each rank on its own thread.

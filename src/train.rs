@@ -76,15 +76,13 @@ pub fn train(loaders: &[Loader], config: TrainConfig) -> Result<TrainReport> {
     let report = Mutex::new(TrainReport::default());
     let barrier = Barrier::new(ranks);
     let started = Instant::now();
-    let failures: Vec<String> =
-        std::thread::scope(|s| {
-            let threads: Vec<_> =
-                loaders
-                    .iter()
-                    .map(|loader| {
-                        let (model, reduced, report, barrier) =
-                            (&model, &reduced, &report, &barrier);
-                        s.spawn(move || {
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let threads: Vec<_> =
+            loaders
+                .iter()
+                .map(|loader| {
+                    let (model, reduced, report, barrier) = (&model, &reduced, &report, &barrier);
+                    s.spawn(move || {
                     let mut local = Reduced::default();
                     loop {
                         local.stop = None;
@@ -117,10 +115,18 @@ pub fn train(loaders: &[Loader], config: TrainConfig) -> Result<TrainReport> {
                                 let loss = r.loss / r.rows.max(1) as f64;
                                 rep.losses.push(loss);
                                 if config.log_every > 0 && rep.steps % config.log_every == 1 {
+                                    let waited: f64 = loaders
+                                        .iter()
+                                        .map(|l| l.stall().as_secs_f64())
+                                        .sum::<f64>()
+                                        / ranks as f64;
+                                    let wall = started.elapsed().as_secs_f64();
                                     eprintln!(
-                                        "hydrant: step {:>5}  logloss {loss:.4}  {:.0} rows/s",
+                                        "hydrant: step {:>4}  logloss {loss:.4}  {:>7.0} rows/s  \
+                                         waiting for data {:>4.1}%",
                                         rep.steps,
-                                        rep.rows as f64 / started.elapsed().as_secs_f64()
+                                        rep.rows as f64 / wall,
+                                        100.0 * waited / wall,
                                     );
                                 }
                             }
@@ -133,13 +139,13 @@ pub fn train(loaders: &[Loader], config: TrainConfig) -> Result<TrainReport> {
                         }
                     }
                 })
-                    })
-                    .collect();
-            threads
-                .into_iter()
-                .map(|t| t.join().unwrap_or_else(|_| "a trainer panicked".into()))
-                .collect()
-        });
+                })
+                .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| "a trainer panicked".into()))
+            .collect()
+    });
     if let Some(e) = failures.into_iter().find(|e| !e.is_empty()) {
         return Err(Error::Dataflow(format!("training stopped: {e}")));
     }

@@ -1,4 +1,4 @@
-//! Pure kernels: functions on Arrow buffers, tested against [`crate::reference`]-style
+//! Pure kernels: functions on Arrow buffers, tested against plain reference
 //! definitions, with no knowledge of pipelines or dataflows.
 
 pub mod categorical;
