@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use hydrant::dataflow::{self, Cluster, Job, Output};
@@ -207,7 +207,7 @@ fn dispatch(command: Command) -> Result<()> {
         }
         Command::Fit { common, out } => {
             let started = Instant::now();
-            let (spec, job, cluster, _) = prepare(&common, None, None, started)?;
+            let (spec, job, cluster, _, _) = prepare(&common, None, None, started)?;
             let report = dataflow::execute(job, &cluster, || {})?;
             let state = report
                 .state
@@ -301,11 +301,12 @@ fn prepare(
     state: Option<&Path>,
     delivery: Option<&DeliveryArgs>,
     started: Instant,
-) -> Result<(PipelineSpec, Job, Cluster, RunOptions)> {
+) -> Result<(PipelineSpec, Job, Cluster, RunOptions, Duration)> {
     let spec = PipelineSpec::from_file(&common.pipeline)?;
     let mut inputs = Inputs::open(&common.input, spec.batch_rows)?;
     let plan = spec.plan(&inputs.schema())?;
     inputs.prepare(&plan, |s| spec.plan(s))?;
+    let load_started = Instant::now();
     let (state, bound) = match state {
         None => (None, None),
         Some(path) => {
@@ -320,6 +321,7 @@ fn prepare(
             (Some(state), Some(bound))
         }
     };
+    let state_load = load_started.elapsed();
     let workers = common
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -347,7 +349,7 @@ fn prepare(
         progress: Default::default(),
         errors: Default::default(),
     };
-    Ok((spec, job, cluster, options))
+    Ok((spec, job, cluster, options, state_load))
 }
 
 /// What the trainers (or the null consumers) saw.
@@ -361,7 +363,7 @@ struct Consumed {
 fn run(args: &RunArgs) -> Result<serde_json::Value> {
     let started = Instant::now();
     let sink: SinkSpec = args.sink.parse()?;
-    let (spec, mut job, cluster, options) = prepare(
+    let (spec, mut job, cluster, options, state_load) = prepare(
         &args.common,
         args.state.as_deref(),
         Some(&args.delivery),
@@ -392,7 +394,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
                 running.ranks(),
                 TrainConfig {
                     learning_rate: args.delivery.learning_rate,
-                    step_time: std::time::Duration::from_secs_f64(args.delivery.step_ms / 1e3),
+                    step_time: Duration::from_secs_f64(args.delivery.step_ms / 1e3),
                     log_every: args.delivery.log_every.unwrap_or(
                         if std::io::stderr().is_terminal() {
                             10
@@ -442,6 +444,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
         "seconds": round3(seconds),
         "rows_per_s": (report.rows as f64 / seconds).round(),
         "first_batch_s": report.first_batch.map(|d| round3(d.as_secs_f64())),
+        "state_load_s": round3(state_load.as_secs_f64()),
         "stall_s_per_rank": consumed.stall_s,
         "stall_fraction": stall_fraction,
         "logloss_first": losses.and_then(|l| l.first()).map(|x| round4(*x)),
