@@ -64,8 +64,11 @@ struct Reduced {
     bias: f32,
     loss: f64,
     rows: u64,
-    ranks_in: usize,
+    /// Set by a rank whose stream ended (empty) or failed (the error).
     stop: Option<String>,
+    /// The leader's decision for the step just reduced: stop, and why. Separate from
+    /// `stop`, which a fast rank may already be setting for the next step.
+    decided: Option<String>,
 }
 
 /// Trains on `loaders` (one per rank) until their batches run out.
@@ -77,12 +80,11 @@ pub fn train(loaders: &[Loader], config: TrainConfig) -> Result<TrainReport> {
     let barrier = Barrier::new(ranks);
     let started = Instant::now();
     let failures: Vec<String> = std::thread::scope(|s| {
-        let threads: Vec<_> =
-            loaders
-                .iter()
-                .map(|loader| {
-                    let (model, reduced, report, barrier) = (&model, &reduced, &report, &barrier);
-                    s.spawn(move || {
+        let threads: Vec<_> = loaders
+            .iter()
+            .map(|loader| {
+                let (model, reduced, report, barrier) = (&model, &reduced, &report, &barrier);
+                s.spawn(move || {
                     let mut local = Reduced::default();
                     loop {
                         local.stop = None;
@@ -133,14 +135,18 @@ pub fn train(loaders: &[Loader], config: TrainConfig) -> Result<TrainReport> {
                             r.clear_step();
                         }
                         barrier.wait();
-                        let stop = reduced.lock().unwrap_or_else(|p| p.into_inner()).stop.clone();
+                        let stop = reduced
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .decided
+                            .clone();
                         if let Some(why) = stop {
                             return why;
                         }
                     }
                 })
-                })
-                .collect();
+            })
+            .collect();
         threads
             .into_iter()
             .map(|t| t.join().unwrap_or_else(|_| "a trainer panicked".into()))
@@ -164,7 +170,6 @@ impl Reduced {
         self.bias += local.bias;
         self.loss += local.loss;
         self.rows += local.rows;
-        self.ranks_in += 1;
         if let Some(why) = local.stop.take() {
             // An error outranks a plain end of data.
             if self.stop.as_ref().is_none_or(|s| s.is_empty()) {
@@ -183,8 +188,7 @@ impl Reduced {
         self.bias = 0.0;
         self.loss = 0.0;
         self.rows = 0;
-        self.ranks_in = 0;
-        // `stop` stays set: every rank reads it after the second barrier.
+        self.decided = self.stop.take();
     }
 }
 

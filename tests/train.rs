@@ -1,0 +1,82 @@
+//! The data-parallel logistic regression fed by loaders: the loss falls, and the ranks
+//! always stop together (a rank leaving early would leave the others at the all-reduce).
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use hydrant::pipeline::Pipeline;
+use hydrant::train::{TrainConfig, TrainReport, train};
+
+fn pipeline(data: &std::path::Path, ranks: usize, batch: usize) -> Pipeline {
+    let numeric: Vec<String> = (0..13).map(|i| format!("i{i}")).collect();
+    let categorical: Vec<String> = (0..26).map(|i| format!("c{i}")).collect();
+    Pipeline::builder("t")
+        .input(data)
+        .label("label")
+        .dense(
+            "dense",
+            &numeric,
+            &["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"],
+        )
+        .ids("ids", &categorical, &["hash_bucket(100000)"])
+        .ranks(ranks)
+        .batch_size(batch)
+        .shuffle(1, 4096)
+        .build()
+        .unwrap()
+}
+
+/// Trains, failing the test (instead of hanging it) after a minute.
+fn train_within_a_minute(p: Pipeline, config: TrainConfig) -> TrainReport {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let running = p.start().unwrap();
+        let report = train(running.ranks(), config);
+        running.join().unwrap();
+        let _ = tx.send(report);
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("training hung")
+        .unwrap()
+}
+
+#[test]
+fn the_loss_falls() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.parquet");
+    hydrant::generate::criteo(200_000, &data, 5).unwrap();
+    let report = train_within_a_minute(pipeline(&data, 2, 1024), TrainConfig::default());
+    assert_eq!(report.steps, 200_000u64.div_ceil(2048));
+    assert_eq!(report.rows, 200_000);
+    let first = report.losses[0];
+    let tail = &report.losses[report.losses.len() - 20..];
+    let late = tail.iter().sum::<f64>() / tail.len() as f64;
+    assert!((first - std::f64::consts::LN_2).abs() < 1e-3, "{first}");
+    assert!(late < first - 0.05, "loss went from {first} to {late}");
+}
+
+#[test]
+fn ranks_stop_together_whatever_their_speed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.parquet");
+    hydrant::generate::criteo(9_001, &data, 6).unwrap();
+    for (ranks, step_ms) in [
+        (2, 0),
+        (3, 0),
+        (2, 1),
+        (5, 0),
+        (3, 1),
+        (2, 5),
+        (2, 0),
+        (4, 2),
+    ] {
+        let config = TrainConfig {
+            step_time: Duration::from_millis(step_ms),
+            id_buckets: 1 << 12,
+            ..TrainConfig::default()
+        };
+        let report = train_within_a_minute(pipeline(&data, ranks, 97), config);
+        assert_eq!(report.steps, 9_001u64.div_ceil(97 * ranks as u64));
+        assert_eq!(report.rows, 9_001);
+    }
+}
