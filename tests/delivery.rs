@@ -282,3 +282,30 @@ fn bad_delivery_options_are_one_line_errors() {
         assert!(err.contains(needle), "{extra:?}: {err}");
     }
 }
+
+#[test]
+fn the_cuda_loader_falls_back_to_host_memory_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let out = hydrant(&[
+        "run",
+        "--pipeline",
+        criteo_toml().to_str().unwrap(),
+        "--input",
+        io.0.to_str().unwrap(),
+        "--state",
+        io.1.to_str().unwrap(),
+        "--ranks",
+        "2",
+        "--batch-size",
+        "100",
+        "--loader",
+        "cuda",
+        "--sink",
+        "train:logreg",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("loaders use host memory"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
