@@ -100,6 +100,8 @@ pub enum Output {
     Sink(SinkSpec),
     /// Rank `r`'s batches go to `feeds[r]`; needs one process holding every rank.
     Loaders(Vec<LoaderFeed>),
+    /// Rank `r`'s batches go to `channels[r]` as they are (`None`: discarded); one process.
+    Channels(Vec<Option<crossbeam_channel::Sender<RankBatch>>>),
 }
 
 /// What one run does.
@@ -171,7 +173,8 @@ impl Report {
 /// second while it runs (for a progress bar).
 pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result<Report> {
     let config = cluster.config()?;
-    if matches!(job.output, Some(Output::Loaders(_))) && cluster.processes > 1 {
+    if matches!(job.output, Some(Output::Loaders(_) | Output::Channels(_))) && cluster.processes > 1
+    {
         return Err(Error::Usage(
             "loaders need every rank in one process (use --processes 1)".into(),
         ));
@@ -208,6 +211,7 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
 enum WorkerSink {
     Batch(Box<dyn BatchSink>),
     Feeds(Vec<LoaderFeed>),
+    Channels(Vec<Option<crossbeam_channel::Sender<RankBatch>>>),
 }
 
 impl WorkerSink {
@@ -216,6 +220,15 @@ impl WorkerSink {
             WorkerSink::Batch(s) => s.write(&rb),
             // Blocks while the rank's loader is full: this is the backpressure.
             WorkerSink::Feeds(f) => f[rb.meta.rank].send(rb),
+            WorkerSink::Channels(c) => match &c[rb.meta.rank] {
+                Some(tx) => {
+                    let rank = rb.meta.rank;
+                    tx.send(rb).map_err(|_| {
+                        Error::Dataflow(format!("rank {rank} stopped reading before its last batch"))
+                    })
+                }
+                None => Ok(()),
+            },
         }
     }
 }
@@ -273,6 +286,7 @@ fn run_worker(
             }
         },
         Output::Loaders(feeds) => Some(WorkerSink::Feeds(feeds.clone())),
+        Output::Channels(c) => Some(WorkerSink::Channels(c.clone())),
     };
     let sink = Rc::new(RefCell::new(sink));
     let sink2 = sink.clone();

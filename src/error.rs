@@ -64,6 +64,18 @@ impl From<arrow::error::ArrowError> for Error {
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An error and its sources as one line.
+pub fn error_line(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    one_line(line)
+}
+
 /// Flattens an error's text to one line (parser errors often span several).
 pub(crate) fn one_line(text: impl std::fmt::Display) -> String {
     text.to_string()

@@ -65,11 +65,12 @@ pub mod loader;
 pub mod pipeline;
 pub mod rebatch;
 pub mod route;
+pub mod serve;
 pub mod sink;
 pub mod source;
 mod spec;
 pub mod train;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, error_line};
 pub use hydrant_operators as operators;
 pub use spec::{DEFAULT_BATCH_ROWS, PipelineSpec};

@@ -48,6 +48,8 @@ enum Command {
     },
     /// Featurize the input and deliver it to a sink; fits first unless --state is given.
     Run(RunArgs),
+    /// Serve the pipeline over Arrow Flight: one stream per rank, fetched with DoGet.
+    Serve(ServeArgs),
     /// Generate a Criteo-like dataset (once), then fit and featurize it, reporting throughput.
     Demo {
         /// Rows to generate.
@@ -111,6 +113,29 @@ struct RunArgs {
     /// Also write the summary JSON to this file.
     #[arg(long)]
     summary: Option<PathBuf>,
+    #[command(flatten)]
+    delivery: DeliveryArgs,
+}
+
+#[derive(Args, Clone)]
+struct ServeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// A fitted state from `hydrant fit`; without it, the server fits first.
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Address to listen on (port 0: any free port; the chosen one is printed).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: String,
+    /// `user:password` lines; clients then authenticate (Basic, then a bearer token).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Listen on a non-loopback address without a token file.
+    #[arg(long)]
+    insecure_listen_any: bool,
+    /// Largest message the server accepts, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_message_bytes: usize,
     #[command(flatten)]
     delivery: DeliveryArgs,
 }
@@ -226,6 +251,7 @@ fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run(&args).map(|_| ()),
+        Command::Serve(args) => serve(&args),
         Command::Demo { rows, dir } => demo(rows, &dir),
     }
 }
@@ -350,6 +376,106 @@ fn prepare(
         errors: Default::default(),
     };
     Ok((spec, job, cluster, options, state_load))
+}
+
+fn serve(args: &ServeArgs) -> Result<()> {
+    let started = Instant::now();
+    let addr: std::net::SocketAddr = args
+        .listen
+        .parse()
+        .map_err(|e| Error::Usage(format!("--listen {}: {e}", args.listen)))?;
+    if !addr.ip().is_loopback() && args.token_file.is_none() && !args.insecure_listen_any {
+        return Err(Error::Usage(format!(
+            "--listen {addr} is not loopback: give --token-file, or --insecure-listen-any"
+        )));
+    }
+    let auth = match &args.token_file {
+        Some(path) => {
+            Some(hydrant_flight::Auth::from_file(path).map_err(|e| Error::Usage(e.to_string()))?)
+        }
+        None => None,
+    };
+    let (spec, job, cluster, _, _) = prepare(
+        &args.common,
+        args.state.as_deref(),
+        Some(&args.delivery),
+        started,
+    )?;
+    if cluster.processes > 1 {
+        return Err(Error::Usage("serve runs in one process".into()));
+    }
+    let (inputs, plan, delivery) = (job.inputs.clone(), job.plan.clone(), job.delivery.clone());
+    let state = match job.state.clone() {
+        Some(s) => s,
+        None => {
+            let report = dataflow::execute(job, &cluster, || {})?;
+            report
+                .state
+                .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?
+        }
+    };
+    let fit_s = started.elapsed().as_secs_f64();
+    let served = hydrant::serve::ServedPipeline::new(
+        &spec.name,
+        inputs,
+        plan,
+        state,
+        delivery.clone(),
+        cluster.workers,
+    )?;
+    let server = hydrant_flight::FlightServer::new(
+        vec![Arc::new(served)],
+        auth,
+        args.max_message_bytes,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start the server runtime: {e}")))?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
+        let ready = json!({
+            "listening": local.to_string(),
+            "pipeline": spec.name,
+            "world_size": delivery.plan.world_size(),
+            "epochs": delivery.epochs,
+            "steps_per_epoch": delivery.plan.steps(),
+            "rows_per_epoch": delivery.plan.rows(),
+            "ready_s": round3(fit_s),
+        });
+        println!("{ready}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        server
+            .serve(listener, shutdown_signal())
+            .await
+            .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e))))
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => t,
+            Err(_) => return ctrl_c.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.unwrap_or(());
+    eprintln!("hydrant: shutting down");
 }
 
 /// What the trainers (or the null consumers) saw.

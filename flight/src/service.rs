@@ -1,0 +1,430 @@
+//! The Flight service over [`Served`] pipelines.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint,
+    FlightInfo, HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc,
+    SchemaResult,
+};
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, Stream};
+use serde::{Deserialize, Serialize};
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::Auth;
+use crate::ticket::Ticket;
+
+/// Each batch message's `app_metadata` (JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchMeta {
+    /// Epoch.
+    pub epoch: u64,
+    /// Step within the epoch.
+    pub step: u64,
+    /// Rank.
+    pub rank: u32,
+    /// Rows in the batch, padding included.
+    pub rows: u64,
+    /// Padding rows at its end.
+    pub padded_rows: u64,
+    /// Version of the fitted state that featurized it.
+    pub state_version: u64,
+}
+
+/// Why a stream cannot be served; each maps to its gRPC status.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The request names something invalid (INVALID_ARGUMENT).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No such pipeline (NOT_FOUND).
+    #[error("{0}")]
+    NotFound(String),
+    /// Valid, but not now (FAILED_PRECONDITION), e.g. a rank already being read.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The pipeline failed (INTERNAL).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<ServeError> for Status {
+    fn from(e: ServeError) -> Status {
+        match e {
+            ServeError::InvalidArgument(m) => Status::invalid_argument(m),
+            ServeError::NotFound(m) => Status::not_found(m),
+            ServeError::FailedPrecondition(m) => Status::failed_precondition(m),
+            ServeError::Internal(m) => Status::internal(m),
+        }
+    }
+}
+
+/// One rank's batches, in step order; dropping it means the reader went away.
+pub type RankStream = Box<dyn Iterator<Item = Result<(BatchMeta, RecordBatch), ServeError>> + Send>;
+
+/// A pipeline as the server sees it.
+pub trait Served: Send + Sync + 'static {
+    /// Its name (the descriptor path and the ticket's `pipeline`).
+    fn name(&self) -> &str;
+    /// The schema of every batch it serves.
+    fn schema(&self) -> SchemaRef;
+    /// Ranks it serves.
+    fn world_size(&self) -> u32;
+    /// Epochs it serves.
+    fn epochs(&self) -> u64;
+    /// Steps per rank per epoch.
+    fn steps(&self) -> u64;
+    /// Rank `rank`'s batches of `epoch` from `start_step` on (arguments already checked
+    /// against the above). May block briefly (it may start a dataflow).
+    fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError>;
+    /// What `DoAction("status")` reports for it.
+    fn status(&self) -> serde_json::Value;
+}
+
+/// Batches are cut into messages of at most about this size.
+pub const MESSAGE_TARGET_BYTES: usize = 2 << 20;
+
+/// The Flight service.
+pub struct FlightServer {
+    pipelines: Vec<Arc<dyn Served>>,
+    auth: Option<Auth>,
+    max_message_bytes: usize,
+}
+
+impl FlightServer {
+    /// Serves `pipelines`; with `auth`, every call but the handshake needs its token.
+    /// Incoming messages may be up to `max_message_bytes`.
+    pub fn new(
+        pipelines: Vec<Arc<dyn Served>>,
+        auth: Option<Auth>,
+        max_message_bytes: usize,
+    ) -> Self {
+        FlightServer {
+            pipelines,
+            auth,
+            max_message_bytes,
+        }
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then lets in-flight calls finish.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        let max = self.max_message_bytes;
+        let service = FlightServiceServer::new(self)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max.max(2 * MESSAGE_TARGET_BYTES));
+        tonic::transport::Server::builder()
+            // Large HTTP/2 windows: a rank's stream is a bulk transfer.
+            .initial_stream_window_size(Some(16 << 20))
+            .initial_connection_window_size(Some(64 << 20))
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                shutdown,
+            )
+            .await
+    }
+
+    fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        match &self.auth {
+            None => Ok(()),
+            Some(auth) if auth.allows(header(request)) => Ok(()),
+            Some(_) => Err(Status::unauthenticated(
+                "missing or wrong bearer token (handshake first)",
+            )),
+        }
+    }
+
+    fn pipeline(&self, name: &str) -> Result<&Arc<dyn Served>, Status> {
+        self.pipelines
+            .iter()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| Status::not_found(format!("no pipeline `{name}` is served")))
+    }
+
+    fn info(&self, p: &Arc<dyn Served>) -> Result<FlightInfo, Status> {
+        let mut info = FlightInfo::new()
+            .try_with_schema(&p.schema())
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_descriptor(FlightDescriptor::new_path(vec![p.name().to_string()]));
+        for rank in 0..p.world_size() {
+            let ticket = Ticket {
+                pipeline: p.name().to_string(),
+                epoch: 0,
+                rank,
+                world_size: p.world_size(),
+                start_step: 0,
+            };
+            info = info.with_endpoint(
+                FlightEndpoint::new().with_ticket(arrow_flight::Ticket::new(ticket.to_bytes())),
+            );
+        }
+        Ok(info)
+    }
+
+    fn descriptor_pipeline(&self, d: &FlightDescriptor) -> Result<&Arc<dyn Served>, Status> {
+        match d.path.as_slice() {
+            [name] => self.pipeline(name),
+            _ => Err(Status::invalid_argument(
+                "descriptor path must be [pipeline]",
+            )),
+        }
+    }
+
+    /// Checks a ticket against what is served.
+    fn admit(&self, bytes: &[u8]) -> Result<(Arc<dyn Served>, Ticket), Status> {
+        let t = Ticket::parse(bytes).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let p = self.pipeline(&t.pipeline)?.clone();
+        if t.world_size != p.world_size() {
+            return Err(Status::invalid_argument(format!(
+                "invalid ticket: `world_size` {} is not the served {}",
+                t.world_size,
+                p.world_size()
+            )));
+        }
+        if t.epoch >= p.epochs() {
+            return Err(Status::invalid_argument(format!(
+                "invalid ticket: `epoch` {} is out of range (serving {} epochs)",
+                t.epoch,
+                p.epochs()
+            )));
+        }
+        if t.start_step > p.steps() {
+            return Err(Status::invalid_argument(format!(
+                "invalid ticket: `start_step` {} is past the epoch's {} steps",
+                t.start_step,
+                p.steps()
+            )));
+        }
+        Ok((p, t))
+    }
+}
+
+fn header<T>(request: &Request<T>) -> Option<&str> {
+    request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+}
+
+/// A tokio channel as a stream.
+struct Rx<T>(tokio::sync::mpsc::Receiver<T>);
+
+impl<T> Stream for Rx<T> {
+    type Item = T;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// Encodes a rank's stream on a thread of its own (the stream blocks), two messages ahead
+/// of the network. It stops as soon as the client goes away.
+fn encode(schema: SchemaRef, batches: RankStream) -> Rx<Result<FlightData, Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    let spawned = std::thread::Builder::new()
+        .name("hydrant-doget".into())
+        .spawn(move || {
+            let options = IpcWriteOptions::default();
+            let first = FlightData::from(SchemaAsIpc::new(&schema, &options));
+            if tx.blocking_send(Ok(first)).is_err() {
+                return;
+            }
+            let generator = IpcDataGenerator::default();
+            let mut tracker = DictionaryTracker::new(false);
+            let mut context = IpcWriteContext::default();
+            for item in batches {
+                let (meta, batch) = match item {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e.into()));
+                        return;
+                    }
+                };
+                let metadata = Bytes::from(serde_json::to_vec(&meta).unwrap_or_default());
+                for piece in split(&batch) {
+                    let data = match generator.encode(&piece, &mut tracker, &options, &mut context) {
+                        Ok((_, data)) => FlightData::from(data).with_app_metadata(metadata.clone()),
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+                            return;
+                        }
+                    };
+                    if tx.blocking_send(Ok(data)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let _ = tx.try_send(Err(Status::resource_exhausted(format!(
+            "cannot start a stream: {e}"
+        ))));
+        return Rx(rx);
+    }
+    Rx(rx)
+}
+
+/// Slices `batch` into pieces of about [`MESSAGE_TARGET_BYTES`] (zero-copy).
+fn split(batch: &RecordBatch) -> Vec<RecordBatch> {
+    // The bytes of this batch's rows, not of the buffers a slice shares with its parent.
+    let bytes = batch
+        .columns()
+        .iter()
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(MESSAGE_TARGET_BYTES))
+        .sum::<usize>()
+        .max(1);
+    let rows = batch.num_rows();
+    if bytes <= MESSAGE_TARGET_BYTES || rows <= 1 {
+        return vec![batch.clone()];
+    }
+    let per = (rows * MESSAGE_TARGET_BYTES / bytes).max(1);
+    (0..rows)
+        .step_by(per)
+        .map(|at| batch.slice(at, per.min(rows - at)))
+        .collect()
+}
+
+type Boxed<T> = BoxStream<'static, Result<T, Status>>;
+
+#[tonic::async_trait]
+impl FlightService for FlightServer {
+    type HandshakeStream = Boxed<HandshakeResponse>;
+    type ListFlightsStream = Boxed<FlightInfo>;
+    type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>;
+    type DoPutStream = Boxed<PutResult>;
+    type DoExchangeStream = Boxed<FlightData>;
+    type DoActionStream = Boxed<arrow_flight::Result>;
+    type ListActionsStream = Boxed<ActionType>;
+
+    async fn handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: Bytes::new(),
+        };
+        let Some(auth) = &self.auth else {
+            return Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))));
+        };
+        let bearer = auth
+            .handshake(header(&request))
+            .ok_or_else(|| Status::unauthenticated("wrong user or password"))?;
+        let mut response = Response::new(Box::pin(stream::iter([Ok(reply)])) as Self::HandshakeStream);
+        let value = bearer
+            .parse()
+            .map_err(|_| Status::internal("bearer token is not a header value"))?;
+        response.metadata_mut().insert("authorization", value);
+        Ok(response)
+    }
+
+    async fn list_flights(
+        &self,
+        request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.check(&request)?;
+        let infos: Vec<_> = self.pipelines.iter().map(|p| self.info(p)).collect();
+        Ok(Response::new(Box::pin(stream::iter(infos))))
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.check(&request)?;
+        let p = self.descriptor_pipeline(request.get_ref())?;
+        Ok(Response::new(self.info(p)?))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("PollFlightInfo: use GetFlightInfo"))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        self.check(&request)?;
+        let p = self.descriptor_pipeline(request.get_ref())?;
+        let options = IpcWriteOptions::default();
+        let result = SchemaAsIpc::new(&p.schema(), &options)
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+        Ok(Response::new(result))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<arrow_flight::Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        self.check(&request)?;
+        let (p, t) = self.admit(&request.get_ref().ticket)?;
+        let batches = p.open(t.rank, t.epoch, t.start_step)?;
+        Ok(Response::new(Box::pin(encode(p.schema(), batches))))
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.check(&request)?;
+        Err(Status::unimplemented(
+            "DoPut: no served pipeline takes pushed input",
+        ))
+    }
+
+    async fn do_exchange(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        self.check(&request)?;
+        Err(Status::unimplemented("DoExchange is not served"))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        self.check(&request)?;
+        match request.get_ref().r#type.as_str() {
+            "status" => {
+                let status = serde_json::json!({
+                    "pipelines": self.pipelines.iter().map(|p| p.status()).collect::<Vec<_>>(),
+                });
+                let body = arrow_flight::Result::new(serde_json::to_vec(&status).unwrap_or_default());
+                Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
+            }
+            other => Err(Status::invalid_argument(format!(
+                "unknown action `{other}` (ListActions lists them)"
+            ))),
+        }
+    }
+
+    async fn list_actions(
+        &self,
+        request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.check(&request)?;
+        let status = ActionType {
+            r#type: "status".into(),
+            description: "JSON: each pipeline's ranks, steps served and queue depths".into(),
+        };
+        Ok(Response::new(Box::pin(stream::iter([Ok(status)]))))
+    }
+}

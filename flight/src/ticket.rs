@@ -1,0 +1,86 @@
+//! The Flight ticket: UTF-8 JSON that any client can write by hand (DESIGN.md, "Flight
+//! ticket"); bad tickets are rejected with a message naming the field.
+
+use serde::{Deserialize, Serialize};
+
+/// What a DoGet asks for: one rank's stream of one epoch of one pipeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ticket {
+    /// The served pipeline's name.
+    pub pipeline: String,
+    /// The epoch, from 0.
+    #[serde(default)]
+    pub epoch: u64,
+    /// This trainer's rank, below `world_size`.
+    pub rank: u32,
+    /// Ranks in the data-parallel job.
+    pub world_size: u32,
+    /// The first step to deliver (to resume after the last finished one).
+    #[serde(default)]
+    pub start_step: u64,
+}
+
+/// Why a ticket was rejected; its message names the field.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid ticket: {0}")]
+pub struct TicketError(String);
+
+impl Ticket {
+    /// Parses and checks a ticket.
+    pub fn parse(bytes: &[u8]) -> Result<Ticket, TicketError> {
+        let text = std::str::from_utf8(bytes).map_err(|_| TicketError("not UTF-8".into()))?;
+        let t: Ticket = serde_json::from_str(text).map_err(|e| TicketError(e.to_string()))?;
+        if t.world_size == 0 {
+            return Err(TicketError("`world_size` must be at least 1".into()));
+        }
+        if t.rank >= t.world_size {
+            return Err(TicketError(format!(
+                "`rank` {} is not below `world_size` {}",
+                t.rank, t.world_size
+            )));
+        }
+        Ok(t)
+    }
+
+    /// The ticket as bytes, as a client sends it.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let t = Ticket {
+            pipeline: "p".into(),
+            epoch: 3,
+            rank: 0,
+            world_size: 1,
+            start_step: 9,
+        };
+        assert_eq!(Ticket::parse(&t.to_bytes()).unwrap(), t);
+    }
+
+    #[test]
+    fn rejects_naming_the_field() {
+        for (bytes, needle) in [
+            (&b"\xff"[..], "UTF-8"),
+            (b"not json", "expected"),
+            (
+                br#"{"pipeline":"p","rank":0,"world_size":1,"colour":1}"#,
+                "colour",
+            ),
+            (br#"{"pipeline":"p","rank":0}"#, "world_size"),
+            (br#"{"pipeline":"p","rank":-1,"world_size":1}"#, "-1"),
+            (br#"{"pipeline":"p","rank":0,"world_size":0}"#, "world_size"),
+            (br#"{"pipeline":"p","rank":3,"world_size":2}"#, "rank"),
+        ] {
+            let err = Ticket::parse(bytes).unwrap_err().to_string();
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+    }
+}

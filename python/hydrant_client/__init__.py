@@ -1,0 +1,15 @@
+"""hydrant-client: read a data-parallel rank's training batches from ``hydrant serve``.
+
+    >>> from hydrant_client import Client
+    >>> client = Client("grpc://127.0.0.1:50051")                     # doctest: +SKIP
+    >>> for batch in client.batches("criteo", rank=0, world_size=2):  # doctest: +SKIP
+    ...     loss = model(batch.dense, batch.ids)[~batch.mask]
+
+``batch.dense`` is a ``[B, D]`` float32 and ``batch.ids`` a ``[B, K]`` int64 NumPy array,
+both views of the Arrow buffers received (no copy); ``batch.mask`` is True for padding
+rows, which a trainer leaves out of its loss.
+"""
+
+from .client import Batch, Client, HydrantError, TorchDataset
+
+__all__ = ["Batch", "Client", "HydrantError", "TorchDataset"]

@@ -1,0 +1,69 @@
+"""Fixtures: the real `hydrant` binary, a generated dataset, and servers on free loopback
+ports (port 0; the server prints the port it chose)."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = pathlib.Path(os.environ.get("HYDRANT_BIN", ROOT / "target" / "release" / "hydrant"))
+PIPELINE = ROOT / "examples" / "criteo.toml"
+ROWS = 20_003
+
+
+def hydrant(*args):
+    out = subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    path = d / "criteo.parquet"
+    hydrant("gen", "criteo", "--rows", ROWS, "--out", path)
+    state = d / "state.json"
+    hydrant("fit", "--pipeline", PIPELINE, "--input", path, "--out", state)
+    return path, state
+
+
+class Server:
+    def __init__(self, *args):
+        self.proc = subprocess.Popen(
+            [str(BIN), "serve", "--listen", "127.0.0.1:0", *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("hydrant serve did not start: " + self.proc.stderr.read())
+        self.ready = json.loads(line)
+        self.uri = "grpc://" + self.ready["listening"]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+@pytest.fixture
+def serve(data):
+    servers = []
+
+    def start(*extra):
+        path, state = data
+        s = Server("--pipeline", PIPELINE, "--input", path, "--state", state, *extra)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.stop()

@@ -1,0 +1,126 @@
+"""The Python client against the real `hydrant serve` on loopback."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from hydrant_client import Client, HydrantError
+
+from conftest import ROWS
+
+
+def read_all(client, ranks, world, **kw):
+    """Reads every rank concurrently (ranks are consumed together)."""
+    out = {}
+
+    def read(r):
+        out[r] = list(client.batches("criteo", r, world, **kw))
+
+    threads = [threading.Thread(target=read, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def real_ids(batches):
+    return [i for b in batches for i in b.row_id[~b.mask].tolist()]
+
+
+def test_every_row_once_and_equal_steps(serve):
+    s = serve("--ranks", "3", "--batch-size", "1000")
+    client = Client(s.uri)
+    eps = client.endpoints("criteo")
+    assert [e["rank"] for e in eps] == [0, 1, 2]
+    got = read_all(client, range(3), 3)
+    steps = [[b.step for b in got[r]] for r in range(3)]
+    n = -(-ROWS // 3000)
+    assert steps == [list(range(n))] * 3
+    ids = [i for r in range(3) for i in real_ids(got[r])]
+    assert sorted(ids) == list(range(ROWS))
+    b = got[0][0]
+    assert b.dense.shape == (1000, 13) and b.dense.dtype == np.float32
+    assert b.ids.shape == (1000, 26) and b.ids.dtype == np.int64
+    # Views of the received Arrow buffers, not copies.
+    assert not b.dense.flags["OWNDATA"] and not b.ids.flags["OWNDATA"]
+    padded = sum(b.padded_rows for r in range(3) for b in got[r])
+    assert padded == n * 3000 - ROWS
+    assert all(b.mask.sum() == b.padded_rows for r in range(3) for b in got[r])
+
+
+def test_a_trainer_that_reconnects_loses_nothing(serve):
+    s = serve("--ranks", "2", "--batch-size", "500")
+    client = Client(s.uri)
+    other = {}
+    t = threading.Thread(target=lambda: other.setdefault(1, list(client.batches("criteo", 1, 2))))
+    t.start()
+    first = []
+    for b in client.batches("criteo", 0, 2):
+        first.append(b)
+        if b.step == 4:
+            break  # the trainer dies after finishing step 4
+    rest = list(Client(s.uri).batches("criteo", 0, 2, start_step=5))
+    t.join()
+    assert [b.step for b in first + rest] == list(range(len(first) + len(rest)))
+    ids = real_ids(first + rest) + real_ids(other[1])
+    assert sorted(ids) == list(range(ROWS))
+
+
+def test_resume_from_a_step_on_a_fresh_server(serve):
+    s = serve("--ranks", "2", "--batch-size", "700", "--shuffle", "--seed", "3")
+    full = read_all(Client(s.uri), range(2), 2)
+    s2 = serve("--ranks", "2", "--batch-size", "700", "--shuffle", "--seed", "3")
+    resumed = read_all(Client(s2.uri), range(2), 2, start_step=7)
+    for r in range(2):
+        tail = [b for b in full[r] if b.step >= 7]
+        assert [b.step for b in resumed[r]] == [b.step for b in tail]
+        for a, b in zip(resumed[r], tail):
+            assert np.array_equal(a.row_id, b.row_id)
+            assert np.array_equal(a.dense, b.dense)
+
+
+def test_auth_accepted_and_rejected(serve, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice:s3cret\n")
+    s = serve("--token-file", tokens)
+    ok = Client(s.uri, token=("alice", "s3cret"))
+    assert len(ok.endpoints("criteo")) == 1
+    with pytest.raises(HydrantError, match="UNAUTHENTICATED:wrong user or password"):
+        Client(s.uri, token=("alice", "guess"))
+    with pytest.raises(HydrantError, match="UNAUTHENTICATED:missing or wrong bearer token"):
+        Client(s.uri).endpoints("criteo")
+
+
+@pytest.mark.parametrize(
+    "ticket, message",
+    [
+        (b"not json", "INVALID_ARGUMENT:invalid ticket"),
+        (b'{"pipeline":"criteo","rank":2,"world_size":2}', "INVALID_ARGUMENT:.*`rank` 2 is not below"),
+        (b'{"pipeline":"criteo","rank":0,"world_size":3}', "INVALID_ARGUMENT:.*`world_size` 3 is not the served 2"),
+        (b'{"pipeline":"criteo","rank":0,"world_size":2,"epoch":5}', "INVALID_ARGUMENT:.*`epoch` 5 is out of range"),
+        (b'{"pipeline":"criteo","rank":0,"world_size":2,"start_step":999}', "INVALID_ARGUMENT:.*`start_step` 999"),
+        (b'{"pipeline":"nope","rank":0,"world_size":2}', "NOT_FOUND:no pipeline `nope`"),
+        (b'{"pipeline":"criteo","rank":0,"world_size":2,"colour":1}', "INVALID_ARGUMENT:.*unknown field `colour`"),
+    ],
+)
+def test_bad_tickets_name_the_field(serve, ticket, message):
+    import pyarrow.flight as flight
+
+    s = serve("--ranks", "2")
+    c = flight.FlightClient(s.uri)
+    # pyarrow maps statuses to several exception types; the gRPC code is in the text.
+    with pytest.raises(Exception, match=message):
+        c.do_get(flight.Ticket(ticket)).read_all()
+    # The server keeps serving everyone else.
+    assert len(Client(s.uri).endpoints("criteo")) == 2
+
+
+def test_status_reports_sessions(serve):
+    s = serve("--ranks", "2", "--batch-size", "5000")
+    client = Client(s.uri)
+    read_all(client, range(2), 2)
+    status = client.status()["pipelines"][0]
+    assert status["name"] == "criteo" and status["world_size"] == 2
+    assert status["sessions"][0]["ranks"][0]["next_step"] == status["steps_per_epoch"]
