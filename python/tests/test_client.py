@@ -87,9 +87,9 @@ def test_auth_accepted_and_rejected(serve, tmp_path):
     s = serve("--token-file", tokens)
     ok = Client(s.uri, token=("alice", "s3cret"))
     assert len(ok.endpoints("criteo")) == 1
-    with pytest.raises(HydrantError, match="UNAUTHENTICATED:wrong user or password"):
+    with pytest.raises(HydrantError, match="unauthenticated error, with message: wrong user or password"):
         Client(s.uri, token=("alice", "guess"))
-    with pytest.raises(HydrantError, match="UNAUTHENTICATED:missing or wrong bearer token"):
+    with pytest.raises(HydrantError, match="(?i)unauthenticated.*missing or wrong bearer token"):
         Client(s.uri).endpoints("criteo")
 
 
