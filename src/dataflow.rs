@@ -35,6 +35,10 @@ use crate::route::{Delivery, route};
 use crate::sink::{BatchSink, SinkSpec};
 use crate::source::Inputs;
 
+/// Longest a waiting worker sleeps between looks (it wakes early when data arrives), so a
+/// worker held up by a full loader does not spin.
+const PARK: Duration = Duration::from_millis(1);
+
 /// Batches of `batch_rows` a reader may run ahead of the router, beyond its own unit.
 pub const IN_FLIGHT: u64 = 4;
 
@@ -224,7 +228,9 @@ impl WorkerSink {
                 Some(tx) => {
                     let rank = rb.meta.rank;
                     tx.send(rb).map_err(|_| {
-                        Error::Dataflow(format!("rank {rank} stopped reading before its last batch"))
+                        Error::Dataflow(format!(
+                            "rank {rank} stopped reading before its last batch"
+                        ))
                     })
                 }
                 None => Ok(()),
@@ -340,7 +346,7 @@ fn run_worker(
     read_epochs(worker, job, &mut input, &probe, errors);
     drop(input);
     while !probe.done() {
-        worker.step();
+        worker.step_or_park(Some(PARK));
     }
     if let Some(WorkerSink::Batch(s)) = sink.borrow_mut().as_mut() {
         s.finish()?;
@@ -401,7 +407,7 @@ fn read_epochs(
                 // for the window to fill.
                 worker.step();
                 while probe.less_than(&time.saturating_sub(window)) {
-                    worker.step();
+                    worker.step_or_park(Some(PARK));
                 }
                 if errors.get().is_some() {
                     return;
@@ -465,7 +471,7 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
         input.advance_to(1);
         drop(input);
         while !probe.done() {
-            worker.step();
+            worker.step_or_park(Some(PARK));
         }
         if let Some(e) = failed {
             return Err(e);

@@ -423,11 +423,8 @@ fn serve(args: &ServeArgs) -> Result<()> {
         delivery.clone(),
         cluster.workers,
     )?;
-    let server = hydrant_flight::FlightServer::new(
-        vec![Arc::new(served)],
-        auth,
-        args.max_message_bytes,
-    );
+    let server =
+        hydrant_flight::FlightServer::new(vec![Arc::new(served)], auth, args.max_message_bytes);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -452,10 +449,29 @@ fn serve(args: &ServeArgs) -> Result<()> {
         println!("{ready}");
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        server
-            .serve(listener, shutdown_signal())
-            .await
-            .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e))))
+        // On SIGINT/SIGTERM stop accepting calls and let streams finish, but not forever:
+        // a stream can wait on a rank no one reads.
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stop2 = stop.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            stop2.notify_waiters();
+        });
+        let graceful = server.serve(listener, {
+            let stop = stop.clone();
+            async move { stop.notified().await }
+        });
+        tokio::select! {
+            served = graceful => served
+                .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e)))),
+            _ = async {
+                stop.notified().await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            } => {
+                eprintln!("hydrant: streams still open after 5 s; closing them");
+                Ok(())
+            }
+        }
     })
 }
 
@@ -464,10 +480,11 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(t) => t,
-            Err(_) => return ctrl_c.await.unwrap_or(()),
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

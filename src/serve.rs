@@ -6,6 +6,11 @@
 //! `start_step = last finished + 1` continues exactly where it stopped. A request the
 //! shared session cannot serve (a step already gone) gets a private session that delivers
 //! only that rank from that step: correct, at the cost of featurizing the epoch's rest.
+//!
+//! A reconnect may arrive before the server has noticed the old stream is gone; the new
+//! stream then takes the rank over. Only one stream receives from a rank's queue at a
+//! time (the `receiving` lock), and a stream that finds itself replaced hands the batch
+//! it holds back (`pending`), so nothing is lost or reordered.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,8 +27,9 @@ use crate::rebatch::{RankBatch, delivery_schema};
 use crate::route::Delivery;
 use crate::source::Inputs;
 
-/// Batches each rank keeps after sending them, for a reconnecting trainer.
-pub const REPLAY: usize = 8;
+/// Bytes of sent batches each rank keeps for a reconnecting trainer: more than a stream
+/// can have in flight (the HTTP/2 stream window and the encoder's queue).
+pub const REPLAY_BYTES: usize = 24 << 20;
 
 /// Batches queued per rank between the dataflow and its stream.
 const QUEUE: usize = 2;
@@ -52,10 +58,19 @@ struct Session {
 }
 
 struct Slot {
-    /// The rank's queue; `None` while a stream reads it.
+    /// The rank's queue (`None` for ranks a private session does not serve).
     rx: Option<Receiver<RankBatch>>,
-    /// The last batches sent, oldest first.
+    /// Held while a stream waits on `rx`, so that one stream receives at a time.
+    receiving: Arc<Mutex<()>>,
+    /// Which stream reads the rank now; older streams stop.
+    generation: u64,
+    /// Whether a stream is attached.
+    attached: bool,
+    /// Batches received by a replaced stream and not sent, to go first.
+    pending: VecDeque<RankBatch>,
+    /// The last batches sent, oldest first, and their bytes.
     sent: VecDeque<RankBatch>,
+    sent_bytes: usize,
     /// The step the queue yields next.
     next_step: u64,
 }
@@ -100,7 +115,12 @@ impl ServedPipeline {
             senders.push(serve.then_some(tx));
             ranks.push(Mutex::new(Slot {
                 rx: serve.then_some(rx),
+                receiving: Arc::default(),
+                generation: 0,
+                attached: false,
+                pending: VecDeque::new(),
                 sent: VecDeque::new(),
+                sent_bytes: 0,
                 next_step: start_step,
             }));
         }
@@ -146,47 +166,49 @@ impl ServedPipeline {
         })
     }
 
-    /// Attaches a stream to `rank` of `session` from `start_step`, if the session still
-    /// holds that step.
-    fn attach(
-        session: &Arc<Session>,
-        rank: usize,
-        start_step: u64,
-    ) -> Result<Option<RankStream>, ServeError> {
+    /// Attaches a stream to `rank` of `session` from `start_step` (taking the rank over
+    /// from an earlier stream), if the session still holds that step.
+    fn attach(session: &Arc<Session>, rank: usize, start_step: u64) -> Option<RankStream> {
         let mut slot = lock(&session.ranks[rank]);
-        let oldest = slot.sent.front().map_or(slot.next_step, |b| b.meta.step);
+        let rx = slot.rx.clone()?;
+        let oldest = slot
+            .sent
+            .front()
+            .or(slot.pending.front())
+            .map_or(slot.next_step, |b| b.meta.step);
         if start_step < oldest {
-            return Ok(None);
+            return None;
         }
-        let Some(rx) = slot.rx.take() else {
-            return Err(ServeError::FailedPrecondition(format!(
-                "rank {rank} of epoch {} is already being read by another stream",
-                session.epoch
-            )));
-        };
+        slot.generation += 1;
+        slot.attached = true;
         let replay: VecDeque<RankBatch> = slot
             .sent
             .iter()
             .filter(|b| b.meta.step >= start_step)
             .cloned()
             .collect();
-        Ok(Some(Box::new(Reader {
+        Some(Box::new(Reader {
             session: session.clone(),
             rank,
+            generation: slot.generation,
             start_step,
             replay,
-            rx: Some(rx),
-        })))
+            receiving: slot.receiving.clone(),
+            rx,
+        }))
     }
 }
 
-/// One DoGet's view of a rank: first the replayed batches, then the queue.
+/// One DoGet's view of a rank: the replayed batches, then what a replaced stream left,
+/// then the queue.
 struct Reader {
     session: Arc<Session>,
     rank: usize,
+    generation: u64,
     start_step: u64,
     replay: VecDeque<RankBatch>,
-    rx: Option<Receiver<RankBatch>>,
+    receiving: Arc<Mutex<()>>,
+    rx: Receiver<RankBatch>,
 }
 
 fn meta(rb: &RankBatch) -> BatchMeta {
@@ -200,6 +222,36 @@ fn meta(rb: &RankBatch) -> BatchMeta {
     }
 }
 
+/// The bytes of a batch's rows (not of buffers a slice shares with others).
+fn bytes(rb: &RankBatch) -> usize {
+    rb.data()
+        .columns()
+        .iter()
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum()
+}
+
+/// How long a stream waits on its queue before looking whether it was replaced.
+const POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+impl Reader {
+    /// Sends `rb` if it is at or past the start step (recording it for replay).
+    fn deliver(&self, slot: &mut Slot, rb: RankBatch) -> Option<RankBatch> {
+        slot.next_step = slot.next_step.max(rb.meta.step + 1);
+        if rb.meta.step < self.start_step {
+            return None;
+        }
+        slot.sent_bytes += bytes(&rb);
+        slot.sent.push_back(rb.clone());
+        while slot.sent_bytes > REPLAY_BYTES && slot.sent.len() > 1 {
+            if let Some(old) = slot.sent.pop_front() {
+                slot.sent_bytes -= bytes(&old);
+            }
+        }
+        Some(rb)
+    }
+}
+
 impl Iterator for Reader {
     type Item = Result<(BatchMeta, arrow::array::RecordBatch), ServeError>;
 
@@ -208,32 +260,55 @@ impl Iterator for Reader {
             return Some(Ok((meta(&rb), rb.batch.data)));
         }
         loop {
-            let Ok(rb) = self.rx.as_ref()?.recv() else {
-                // The dataflow ended: all sent, or failed.
-                return self
-                    .session
-                    .errors
-                    .get()
-                    .map(|e| Err(ServeError::Internal(format!("pipeline failed: {e}"))));
-            };
+            {
+                let mut slot = lock(&self.session.ranks[self.rank]);
+                if slot.generation != self.generation {
+                    return None; // replaced by a reconnect
+                }
+                while let Some(rb) = slot.pending.pop_front() {
+                    if let Some(rb) = self.deliver(&mut slot, rb) {
+                        return Some(Ok((meta(&rb), rb.batch.data)));
+                    }
+                }
+            }
+            let receiving = lock(&self.receiving);
+            let got = self.rx.recv_timeout(POLL);
             let mut slot = lock(&self.session.ranks[self.rank]);
-            slot.next_step = rb.meta.step + 1;
-            if rb.meta.step < self.start_step {
-                continue;
+            drop(receiving);
+            match got {
+                Ok(rb) if slot.generation != self.generation => {
+                    slot.pending.push_back(rb);
+                    return None;
+                }
+                Ok(rb) => {
+                    // A replaced stream may have left earlier batches: they go first.
+                    slot.pending.push_back(rb);
+                    while let Some(rb) = slot.pending.pop_front() {
+                        if let Some(rb) = self.deliver(&mut slot, rb) {
+                            return Some(Ok((meta(&rb), rb.batch.data)));
+                        }
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    // The dataflow ended: all sent, or failed.
+                    return self
+                        .session
+                        .errors
+                        .get()
+                        .map(|e| Err(ServeError::Internal(format!("pipeline failed: {e}"))));
+                }
             }
-            slot.sent.push_back(rb.clone());
-            if slot.sent.len() > REPLAY {
-                slot.sent.pop_front();
-            }
-            return Some(Ok((meta(&rb), rb.batch.data)));
         }
     }
 }
 
 impl Drop for Reader {
     fn drop(&mut self) {
-        // Detach: the queue waits for the next stream of this rank (a reconnect).
-        lock(&self.session.ranks[self.rank]).rx = self.rx.take();
+        let mut slot = lock(&self.session.ranks[self.rank]);
+        if slot.generation == self.generation {
+            slot.attached = false;
+        }
     }
 }
 
@@ -262,21 +337,31 @@ impl Served for ServedPipeline {
         let rank = rank as usize;
         let mut sessions = lock(&self.sessions);
         if let Some(s) = sessions.get(&epoch) {
-            if let Some(stream) = Self::attach(s, rank, start_step)? {
+            if let Some(stream) = Self::attach(s, rank, start_step) {
                 return Ok(stream);
             }
             // The shared session is past this step. Once it is done, the next reader of
             // an earlier step starts a new shared session; while it runs, a private one.
             if !s.done.load(Ordering::SeqCst) {
+                // The other ranks must not wait on this one in the shared session: drain
+                // it there (a later reconnect within its replay can still take it over).
+                if let Some(drain) = Self::attach(s, rank, u64::MAX) {
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("hydrant-drain-{rank}"))
+                        .spawn(move || drain.for_each(drop));
+                    if spawned.is_err() {
+                        return Err(ServeError::Internal("cannot start a drain thread".into()));
+                    }
+                }
                 drop(sessions);
                 let private = self.start(epoch, start_step, Some(rank));
-                return Self::attach(&private, rank, start_step)?
+                return Self::attach(&private, rank, start_step)
                     .ok_or_else(|| ServeError::Internal("a new session refused its rank".into()));
             }
         }
         let session = self.start(epoch, start_step, None);
         sessions.insert(epoch, session.clone());
-        Self::attach(&session, rank, start_step)?
+        Self::attach(&session, rank, start_step)
             .ok_or_else(|| ServeError::Internal("a new session refused its rank".into()))
     }
 
@@ -298,7 +383,7 @@ impl Served for ServedPipeline {
                     let slot = lock(slot);
                     serde_json::json!({
                         "rank": r,
-                        "connected": slot.rx.is_none(),
+                        "connected": slot.attached,
                         "next_step": slot.next_step,
                         "queue_depth": slot.rx.as_ref().map_or(0, |rx| rx.len()),
                     })

@@ -9,9 +9,8 @@ use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
-    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint,
-    FlightInfo, HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc,
-    SchemaResult,
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
 };
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, Stream};
@@ -254,7 +253,8 @@ fn encode(schema: SchemaRef, batches: RankStream) -> Rx<Result<FlightData, Statu
                 };
                 let metadata = Bytes::from(serde_json::to_vec(&meta).unwrap_or_default());
                 for piece in split(&batch) {
-                    let data = match generator.encode(&piece, &mut tracker, &options, &mut context) {
+                    let data = match generator.encode(&piece, &mut tracker, &options, &mut context)
+                    {
                         Ok((_, data)) => FlightData::from(data).with_app_metadata(metadata.clone()),
                         Err(e) => {
                             let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
@@ -283,7 +283,11 @@ fn split(batch: &RecordBatch) -> Vec<RecordBatch> {
     let bytes = batch
         .columns()
         .iter()
-        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(MESSAGE_TARGET_BYTES))
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or(MESSAGE_TARGET_BYTES)
+        })
         .sum::<usize>()
         .max(1);
     let rows = batch.num_rows();
@@ -323,7 +327,8 @@ impl FlightService for FlightServer {
         let bearer = auth
             .handshake(header(&request))
             .ok_or_else(|| Status::unauthenticated("wrong user or password"))?;
-        let mut response = Response::new(Box::pin(stream::iter([Ok(reply)])) as Self::HandshakeStream);
+        let mut response =
+            Response::new(Box::pin(stream::iter([Ok(reply)])) as Self::HandshakeStream);
         let value = bearer
             .parse()
             .map_err(|_| Status::internal("bearer token is not a header value"))?;
@@ -407,7 +412,8 @@ impl FlightService for FlightServer {
                 let status = serde_json::json!({
                     "pipelines": self.pipelines.iter().map(|p| p.status()).collect::<Vec<_>>(),
                 });
-                let body = arrow_flight::Result::new(serde_json::to_vec(&status).unwrap_or_default());
+                let body =
+                    arrow_flight::Result::new(serde_json::to_vec(&status).unwrap_or_default());
                 Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
             }
             other => Err(Status::invalid_argument(format!(

@@ -17,7 +17,7 @@ def read_all(client, ranks, world, **kw):
     def read(r):
         out[r] = list(client.batches("criteo", r, world, **kw))
 
-    threads = [threading.Thread(target=read, args=(r,)) for r in ranks]
+    threads = [threading.Thread(target=read, args=(r,), daemon=True) for r in ranks]
     for t in threads:
         t.start()
     for t in threads:
@@ -54,7 +54,9 @@ def test_a_trainer_that_reconnects_loses_nothing(serve):
     s = serve("--ranks", "2", "--batch-size", "500")
     client = Client(s.uri)
     other = {}
-    t = threading.Thread(target=lambda: other.setdefault(1, list(client.batches("criteo", 1, 2))))
+    t = threading.Thread(
+        target=lambda: other.setdefault(1, list(client.batches("criteo", 1, 2))), daemon=True
+    )
     t.start()
     first = []
     for b in client.batches("criteo", 0, 2):
