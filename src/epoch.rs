@@ -121,6 +121,11 @@ impl EpochPlan {
         self.batch_size
     }
 
+    /// What happens to a last step that is not full.
+    pub fn last_batch(&self) -> LastBatch {
+        self.last_batch
+    }
+
     /// Rows of one global step (all ranks).
     pub fn step_rows(&self) -> u64 {
         (self.world_size * self.batch_size) as u64

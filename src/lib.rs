@@ -73,4 +73,4 @@ pub mod train;
 
 pub use error::{Error, Result, error_line};
 pub use hydrant_operators as operators;
-pub use spec::{DEFAULT_BATCH_ROWS, PipelineSpec};
+pub use spec::{DEFAULT_BATCH_ROWS, InputKind, PipelineSpec};

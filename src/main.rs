@@ -83,7 +83,8 @@ struct Common {
     #[arg(long)]
     pipeline: PathBuf,
     /// Input Parquet or Arrow IPC files, or folders of them; rows are numbered in this order.
-    #[arg(long, num_args = 1.., required = true)]
+    /// (Not for a pipeline whose input is pushed over Flight.)
+    #[arg(long, num_args = 1..)]
     input: Vec<PathBuf>,
     /// Worker threads per process (default: the number of cores).
     #[arg(long)]
@@ -340,8 +341,7 @@ fn prepare(
                 path: path.to_path_buf(),
                 reason,
             };
-            let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-            let state = FittedState::from_json(&text).map_err(|e| err(e.to_string()))?;
+            let state = read_state(path)?;
             // Bind once here so that a state that does not fit fails before any data is read.
             let bound = plan.transformer(&state).map_err(|e| err(e.to_string()))?;
             (Some(state), Some(bound))
@@ -395,34 +395,49 @@ fn serve(args: &ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let (spec, job, cluster, _, _) = prepare(
-        &args.common,
-        args.state.as_deref(),
-        Some(&args.delivery),
-        started,
-    )?;
-    if cluster.processes > 1 {
-        return Err(Error::Usage("serve runs in one process".into()));
-    }
-    let (inputs, plan, delivery) = (job.inputs.clone(), job.plan.clone(), job.delivery.clone());
-    let state = match job.state.clone() {
-        Some(s) => s,
-        None => {
-            let report = dataflow::execute(job, &cluster, || {})?;
-            report
-                .state
-                .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?
+    let spec = PipelineSpec::from_file(&args.common.pipeline)?;
+    let served = if spec.input == hydrant::InputKind::Flight {
+        ingest_pipeline(args, spec.clone())?
+    } else {
+        let (_, job, cluster, _, _) = prepare(
+            &args.common,
+            args.state.as_deref(),
+            Some(&args.delivery),
+            started,
+        )?;
+        if cluster.processes > 1 {
+            return Err(Error::Usage("serve runs in one process".into()));
         }
+        let (inputs, plan, delivery) = (job.inputs.clone(), job.plan.clone(), job.delivery.clone());
+        let state = match job.state.clone() {
+            Some(s) => s,
+            None => {
+                let report = dataflow::execute(job, &cluster, || {})?;
+                report
+                    .state
+                    .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?
+            }
+        };
+        hydrant::serve::ServedPipeline::new(
+            &spec.name,
+            inputs,
+            plan,
+            state,
+            delivery,
+            cluster.workers,
+        )?
     };
     let fit_s = started.elapsed().as_secs_f64();
-    let served = hydrant::serve::ServedPipeline::new(
-        &spec.name,
-        inputs,
-        plan,
-        state,
-        delivery.clone(),
-        cluster.workers,
-    )?;
+    let (world_size, epochs, steps, rows) = {
+        use hydrant_flight::Served;
+        let s = served.status();
+        (
+            served.world_size(),
+            served.epochs(),
+            s["steps_per_epoch"].clone(),
+            s["rows_per_epoch"].clone(),
+        )
+    };
     let server =
         hydrant_flight::FlightServer::new(vec![Arc::new(served)], auth, args.max_message_bytes);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -440,10 +455,10 @@ fn serve(args: &ServeArgs) -> Result<()> {
         let ready = json!({
             "listening": local.to_string(),
             "pipeline": spec.name,
-            "world_size": delivery.plan.world_size(),
-            "epochs": delivery.epochs,
-            "steps_per_epoch": delivery.plan.steps(),
-            "rows_per_epoch": delivery.plan.rows(),
+            "world_size": world_size,
+            "epochs": epochs,
+            "steps_per_epoch": steps,
+            "rows_per_epoch": rows,
             "ready_s": round3(fit_s),
         });
         println!("{ready}");
@@ -493,6 +508,57 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     ctrl_c.await.unwrap_or(());
     eprintln!("hydrant: shutting down");
+}
+
+/// Reads a fitted state file.
+fn read_state(path: &Path) -> Result<FittedState> {
+    let err = |reason: String| Error::State {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    FittedState::from_json(&text).map_err(|e| err(e.to_string()))
+}
+
+/// A pipeline whose input is pushed over Flight: needs a state, takes no files.
+fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serve::ServedPipeline> {
+    if !args.common.input.is_empty() {
+        return Err(Error::Usage(format!(
+            "pipeline `{}` takes pushed input (input = \"flight\"): give no --input",
+            spec.name
+        )));
+    }
+    let path = args.state.as_deref().ok_or_else(|| {
+        Error::Usage(format!(
+            "pipeline `{}` takes pushed input: give --state (statistics cannot be fitted on \
+             a stream that has not arrived)",
+            spec.name
+        ))
+    })?;
+    let state = read_state(path)?;
+    let d = &args.delivery;
+    let options = d.options(1)?;
+    let plan = hydrant::epoch::EpochPlan::new(
+        Vec::new(),
+        options.ranks,
+        options.batch_size,
+        options.last_batch,
+        options.seed,
+        options.shuffle,
+    )?;
+    let delivery = hydrant::route::Delivery {
+        plan: Arc::new(plan),
+        epochs: 1,
+        start_epoch: 0,
+        start_step: 0,
+    };
+    hydrant::serve::ServedPipeline::ingest(spec, state, delivery).map_err(|e| match e {
+        Error::Op(op) => Error::State {
+            path: path.to_path_buf(),
+            reason: op.to_string(),
+        },
+        other => other,
+    })
 }
 
 /// What the trainers (or the null consumers) saw.

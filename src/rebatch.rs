@@ -98,6 +98,9 @@ pub struct Rebatcher {
     step: Vec<Handle>,
     seq: u64,
     state_version: u64,
+    /// Rows arrive without a known total (pushed input): every row is placed until
+    /// [`Rebatcher::finish_stream`].
+    streaming: bool,
 }
 
 impl Rebatcher {
@@ -118,6 +121,7 @@ impl Rebatcher {
             step: Vec::with_capacity(plan.step_rows().min(1 << 20) as usize),
             seq: 0,
             state_version,
+            streaming: false,
             plan,
         })
     }
@@ -210,6 +214,35 @@ impl Rebatcher {
         Ok(())
     }
 
+    /// A rebatcher for rows whose total is not known in advance (pushed input): the
+    /// plan's rows are ignored, and [`Rebatcher::finish_stream`] ends the epoch.
+    pub fn streaming(plan: Arc<EpochPlan>, output: &Schema, state_version: u64) -> Result<Self> {
+        let mut r = Self::new(plan, output, state_version)?;
+        r.streaming = true;
+        Ok(r)
+    }
+
+    /// Ends a streamed epoch: empties the shuffle buffer, then pads the last step or
+    /// drops it (as the plan's `last_batch` says). Returns the rows dropped.
+    pub fn finish_stream(&mut self, out: &mut Vec<RankBatch>) -> Result<u64> {
+        let shuffler = std::mem::replace(&mut self.shuffler, self.plan.shuffler(self.epoch));
+        for h in shuffler.drain() {
+            self.emit(h, out)?;
+        }
+        if self.step.is_empty() {
+            return Ok(0);
+        }
+        if self.plan.last_batch() == crate::epoch::LastBatch::Pad {
+            self.cut_step(out)?;
+            return Ok(0);
+        }
+        let handles = std::mem::take(&mut self.step);
+        for h in &handles {
+            self.release(*h);
+        }
+        Ok(handles.len() as u64)
+    }
+
     /// Ends the epoch: empties the shuffle buffer and pads or drops the last step.
     pub fn finish_epoch(&mut self, out: &mut Vec<RankBatch>) -> Result<()> {
         let shuffler = std::mem::replace(&mut self.shuffler, self.plan.shuffler(self.epoch));
@@ -234,7 +267,7 @@ impl Rebatcher {
     fn emit(&mut self, h: Handle, out: &mut Vec<RankBatch>) -> Result<()> {
         let pos = self.emitted;
         self.emitted += 1;
-        if pos < self.skip || self.plan.place(pos).is_none() {
+        if pos < self.skip || !self.streaming && self.plan.place(pos).is_none() {
             self.release(h);
             return Ok(());
         }

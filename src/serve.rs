@@ -18,14 +18,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
-use crossbeam_channel::{Receiver, bounded};
+use crossbeam_channel::{Receiver, Sender, bounded};
 use hydrant_flight::{BatchMeta, RankStream, ServeError, Served};
 use hydrant_operators::{ErrorSlot, FeaturePlan, FittedState, Transformer};
 
 use crate::dataflow::{self, Cluster, Job, Output};
-use crate::rebatch::{RankBatch, delivery_schema};
+use crate::rebatch::{RankBatch, Rebatcher, delivery_schema};
 use crate::route::Delivery;
-use crate::source::Inputs;
+use crate::source::{Inputs, with_row_id};
+use crate::spec::PipelineSpec;
 
 /// Bytes of sent batches each rank keeps for a reconnecting trainer: more than a stream
 /// can have in flight (the HTTP/2 stream window and the encoder's queue).
@@ -37,7 +38,10 @@ const QUEUE: usize = 2;
 /// A pipeline ready to serve: inputs opened, state fitted or given.
 pub struct ServedPipeline {
     name: String,
-    inputs: Arc<Inputs>,
+    /// The input files; `None` for pushed input.
+    inputs: Option<Arc<Inputs>>,
+    /// Pushed input's state; `None` for files.
+    ingest: Option<Mutex<Ingest>>,
     plan: Arc<FeaturePlan>,
     state: FittedState,
     bound: Transformer,
@@ -57,6 +61,45 @@ struct Session {
     errors: ErrorSlot,
 }
 
+impl Session {
+    /// A session whose ranks' queues are fed by the returned senders.
+    fn with_queues(
+        epoch: u64,
+        first_step: u64,
+        only: Option<usize>,
+        world: usize,
+    ) -> (Vec<Sender<RankBatch>>, Arc<Session>) {
+        let (senders, ranks) = (0..world)
+            .map(|_| {
+                let (tx, rx) = bounded(QUEUE);
+                (tx, Mutex::new(Slot::new(rx, first_step)))
+            })
+            .unzip();
+        let session = Arc::new(Session {
+            epoch,
+            first_step,
+            only,
+            ranks,
+            done: Arc::default(),
+            errors: ErrorSlot::default(),
+        });
+        (senders, session)
+    }
+}
+
+/// Pushed input: how batches are featurized and cut as they arrive.
+struct Ingest {
+    spec: PipelineSpec,
+    /// Bound per input schema seen (producers may differ in, say, integer widths).
+    transformers: Vec<(arrow::datatypes::SchemaRef, Transformer)>,
+    rebatcher: Rebatcher,
+    /// `None` once the input is ended.
+    senders: Option<Vec<Sender<RankBatch>>>,
+    next_row: u64,
+    seq: u64,
+    dropped: u64,
+}
+
 struct Slot {
     /// The rank's queue (`None` for ranks a private session does not serve).
     rx: Option<Receiver<RankBatch>>,
@@ -73,6 +116,21 @@ struct Slot {
     sent_bytes: usize,
     /// The step the queue yields next.
     next_step: u64,
+}
+
+impl Slot {
+    fn new(rx: Receiver<RankBatch>, next_step: u64) -> Self {
+        Slot {
+            rx: Some(rx),
+            receiving: Arc::default(),
+            generation: 0,
+            attached: false,
+            pending: VecDeque::new(),
+            sent: VecDeque::new(),
+            sent_bytes: 0,
+            next_step,
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,7 +152,8 @@ impl ServedPipeline {
         Ok(ServedPipeline {
             name: name.to_string(),
             schema: delivery_schema(&plan.output_schema()),
-            inputs,
+            inputs: Some(inputs),
+            ingest: None,
             plan,
             state,
             bound,
@@ -104,8 +163,54 @@ impl ServedPipeline {
         })
     }
 
+    /// A pipeline whose rows are pushed by producers (DoPut) until `end_ingest`: one
+    /// epoch, fed as batches arrive. `delivery`'s row counts are ignored.
+    pub fn ingest(
+        spec: PipelineSpec,
+        state: FittedState,
+        delivery: Delivery,
+    ) -> crate::Result<Self> {
+        let plan = Arc::new(spec.plan(&spec.nominal_schema())?);
+        let bound = plan.transformer(&state)?;
+        let rebatcher =
+            Rebatcher::streaming(delivery.plan.clone(), &plan.output_schema(), state.version)?;
+        let (senders, session) = Session::with_queues(0, 0, None, delivery.plan.world_size());
+        let mut sessions = BTreeMap::new();
+        sessions.insert(0, session);
+        let mut rebatcher = rebatcher;
+        rebatcher.start_epoch(0, 0);
+        Ok(ServedPipeline {
+            name: spec.name.clone(),
+            schema: delivery_schema(&plan.output_schema()),
+            inputs: None,
+            ingest: Some(Mutex::new(Ingest {
+                spec,
+                transformers: Vec::new(),
+                rebatcher,
+                senders: Some(senders),
+                next_row: 0,
+                seq: 0,
+                dropped: 0,
+            })),
+            plan,
+            state,
+            bound,
+            delivery: Delivery {
+                epochs: 1,
+                start_epoch: 0,
+                start_step: 0,
+                ..delivery
+            },
+            workers: 1,
+            sessions: Mutex::new(sessions),
+        })
+    }
+
     /// Starts a dataflow delivering `epoch` from `start_step`, all ranks or only `only`.
     fn start(&self, epoch: u64, start_step: u64, only: Option<usize>) -> Arc<Session> {
+        let Some(inputs) = &self.inputs else {
+            unreachable!("sessions of pushed input are made at start");
+        };
         let world = self.delivery.plan.world_size();
         let mut senders = Vec::with_capacity(world);
         let mut ranks = Vec::with_capacity(world);
@@ -113,21 +218,16 @@ impl ServedPipeline {
             let (tx, rx) = bounded(QUEUE);
             let serve = only.is_none_or(|o| o == r);
             senders.push(serve.then_some(tx));
-            ranks.push(Mutex::new(Slot {
-                rx: serve.then_some(rx),
-                receiving: Arc::default(),
-                generation: 0,
-                attached: false,
-                pending: VecDeque::new(),
-                sent: VecDeque::new(),
-                sent_bytes: 0,
-                next_step: start_step,
-            }));
+            let mut slot = Slot::new(rx, start_step);
+            if !serve {
+                slot.rx = None;
+            }
+            ranks.push(Mutex::new(slot));
         }
         let errors = ErrorSlot::default();
         let done = Arc::new(AtomicBool::new(false));
         let job = Job {
-            inputs: self.inputs.clone(),
+            inputs: inputs.clone(),
             plan: self.plan.clone(),
             state: Some(self.state.clone()),
             bound: Some(self.bound.clone()),
@@ -330,7 +430,94 @@ impl Served for ServedPipeline {
     }
 
     fn steps(&self) -> u64 {
-        self.delivery.plan.steps()
+        match self.ingest {
+            // Unknown until the input ends.
+            Some(_) => u64::MAX,
+            None => self.delivery.plan.steps(),
+        }
+    }
+
+    fn accept(&self, batch: arrow::array::RecordBatch) -> Result<(u64, u64), ServeError> {
+        let Some(ingest) = &self.ingest else {
+            return Err(ServeError::InvalidArgument(format!(
+                "pipeline `{}` does not take pushed input (its file says no `input = \"flight\"`)",
+                self.name
+            )));
+        };
+        let invalid = |e: &dyn std::fmt::Display| ServeError::InvalidArgument(e.to_string());
+        // Featurized under the lock, so that rows keep the order they were accepted in and
+        // a full rank queue holds every producer back.
+        let mut guard = lock(ingest);
+        let st = &mut *guard;
+        let Some(senders) = &st.senders else {
+            return Err(ServeError::FailedPrecondition(format!(
+                "the input of `{}` was ended",
+                self.name
+            )));
+        };
+        if batch.schema().index_of(hydrant_operators::ROW_ID).is_ok() {
+            return Err(ServeError::InvalidArgument(format!(
+                "column `{}` is added by hydrant; do not push it",
+                hydrant_operators::ROW_ID
+            )));
+        }
+        let schema = batch.schema();
+        let at = match st.transformers.iter().position(|(s, _)| *s == schema) {
+            Some(at) => at,
+            None => {
+                let plan = st.spec.plan(&schema).map_err(|e| invalid(&e))?;
+                let t = plan.transformer(&self.state).map_err(|e| invalid(&e))?;
+                st.transformers.push((schema, t));
+                st.transformers.len() - 1
+            }
+        };
+        let rows = batch.num_rows() as u64;
+        let batch = with_row_id(batch, st.next_row).map_err(|e| invalid(&e))?;
+        let featurized = st.transformers[at]
+            .1
+            .apply(&batch)
+            .map_err(|e| invalid(&e))?;
+        let mut ranked = Vec::new();
+        st.rebatcher
+            .push(featurized, &mut ranked)
+            .map_err(|e| ServeError::Internal(e.to_string()))?;
+        for rb in ranked {
+            let rank = rb.meta.rank;
+            senders[rank]
+                .send(rb)
+                .map_err(|_| ServeError::Internal(format!("rank {rank}'s queue is closed")))?;
+        }
+        st.next_row += rows;
+        st.seq += 1;
+        Ok((st.seq - 1, rows))
+    }
+
+    fn end_input(&self) -> Result<(), ServeError> {
+        let Some(ingest) = &self.ingest else {
+            return Err(ServeError::InvalidArgument(format!(
+                "pipeline `{}` does not take pushed input",
+                self.name
+            )));
+        };
+        let mut st = lock(ingest);
+        let Some(senders) = st.senders.take() else {
+            return Ok(()); // ended already
+        };
+        let mut ranked = Vec::new();
+        st.dropped = st
+            .rebatcher
+            .finish_stream(&mut ranked)
+            .map_err(|e| ServeError::Internal(e.to_string()))?;
+        for rb in ranked {
+            let rank = rb.meta.rank;
+            senders[rank]
+                .send(rb)
+                .map_err(|_| ServeError::Internal(format!("rank {rank}'s queue is closed")))?;
+        }
+        if let Some(s) = lock(&self.sessions).get(&0) {
+            s.done.store(true, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError> {
@@ -339,6 +526,13 @@ impl Served for ServedPipeline {
         if let Some(s) = sessions.get(&epoch) {
             if let Some(stream) = Self::attach(s, rank, start_step) {
                 return Ok(stream);
+            }
+            if self.ingest.is_some() {
+                return Err(ServeError::FailedPrecondition(format!(
+                    "step {start_step} of rank {rank} is no longer held (pushed input is \
+                     delivered once; the last {} MiB per rank are kept for reconnects)",
+                    REPLAY_BYTES >> 20
+                )));
             }
             // The shared session is past this step. Once it is done, the next reader of
             // an earlier step starts a new shared session; while it runs, a private one.
@@ -371,9 +565,17 @@ impl Served for ServedPipeline {
             "name": self.name,
             "world_size": self.delivery.plan.world_size(),
             "epochs": self.delivery.epochs,
-            "steps_per_epoch": self.delivery.plan.steps(),
-            "rows_per_epoch": self.delivery.plan.rows(),
+            // Unknown for pushed input until it ends.
+            "steps_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.steps()),
+            "rows_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.rows()),
             "state_version": self.state.version,
+            "pushed": self.ingest.as_ref().map(|i| {
+                let i = lock(i);
+                serde_json::json!({
+                    "rows_in": i.next_row, "batches_in": i.seq,
+                    "ended": i.senders.is_none(), "dropped_rows": i.dropped,
+                })
+            }),
             "sessions": sessions.values().map(|s| serde_json::json!({
                 "epoch": s.epoch,
                 "first_step": s.first_step,

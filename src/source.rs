@@ -236,7 +236,7 @@ impl Inputs {
     }
 }
 
-fn with_row_id(
+pub(crate) fn with_row_id(
     batch: RecordBatch,
     first: u64,
 ) -> std::result::Result<RecordBatch, arrow::error::ArrowError> {

@@ -35,6 +35,19 @@ pub struct PipelineSpec {
     pub groups: Vec<FeatureGroup>,
     /// Rows per batch read from the input.
     pub batch_rows: usize,
+    /// Where rows come from: files given on the command line, or pushed over Flight.
+    pub input: InputKind,
+}
+
+/// Where a pipeline's rows come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    /// Parquet / Arrow IPC files (`--input`).
+    #[default]
+    Files,
+    /// Batches pushed by producers with Flight DoPut (`hydrant serve` only).
+    Flight,
 }
 
 #[derive(Deserialize)]
@@ -44,6 +57,8 @@ struct RawSpec {
     label: Option<LabelSpec>,
     #[serde(default)]
     batch_rows: Option<usize>,
+    #[serde(default)]
+    input: InputKind,
     #[serde(rename = "group", default)]
     groups: Vec<RawGroup>,
 }
@@ -104,6 +119,7 @@ impl PipelineSpec {
             label: raw.label,
             groups,
             batch_rows: raw.batch_rows.unwrap_or(DEFAULT_BATCH_ROWS),
+            input: raw.input,
         };
         spec.check()?;
         Ok(spec)
@@ -123,6 +139,7 @@ impl PipelineSpec {
             label,
             groups,
             batch_rows,
+            input: InputKind::Files,
         };
         spec.check()?;
         Ok(spec)
@@ -150,6 +167,39 @@ impl PipelineSpec {
             return bad("batch_rows must be at least 1");
         }
         Ok(())
+    }
+
+    /// The input schema the pipeline implies when no file shows it (pushed input): string
+    /// columns for `vocab`/`hash_bucket` chains, float64 for the rest, float32 label.
+    /// Pushed batches are checked against the pipeline one by one, not against this.
+    pub fn nominal_schema(&self) -> Schema {
+        use arrow::datatypes::{DataType, Field};
+        let mut fields: Vec<Field> = Vec::new();
+        let mut add = |name: &str, t: DataType| {
+            if !fields.iter().any(|f| f.name() == name) {
+                fields.push(Field::new(name, t, true));
+            }
+        };
+        if let Some(l) = &self.label {
+            add(&l.column, DataType::Float32);
+        }
+        for g in &self.groups {
+            let strings = g
+                .steps
+                .iter()
+                .any(|s| matches!(s, Step::Vocab { .. } | Step::HashBucket(_)));
+            for c in &g.columns {
+                add(
+                    c,
+                    if strings {
+                        DataType::Utf8
+                    } else {
+                        DataType::Float64
+                    },
+                );
+            }
+        }
+        Schema::new(fields)
     }
 
     /// Checks the pipeline against an input schema, before any data is read.

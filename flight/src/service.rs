@@ -7,13 +7,14 @@ use std::task::{Context, Poll};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
 };
 use bytes::Bytes;
-use futures::stream::{self, BoxStream, Stream};
+use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
@@ -86,6 +87,23 @@ pub trait Served: Send + Sync + 'static {
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError>;
     /// What `DoAction("status")` reports for it.
     fn status(&self) -> serde_json::Value;
+
+    /// Takes one pushed input batch (DoPut); returns its sequence number and rows. May
+    /// block while the ranks' queues are full (backpressure on the producer).
+    fn accept(&self, _batch: RecordBatch) -> Result<(u64, u64), ServeError> {
+        Err(ServeError::InvalidArgument(format!(
+            "pipeline `{}` does not take pushed input (its file says no `input = \"flight\"`)",
+            self.name()
+        )))
+    }
+
+    /// Closes pushed input: the last step is padded and the epoch ends (`end_ingest`).
+    fn end_input(&self) -> Result<(), ServeError> {
+        Err(ServeError::InvalidArgument(format!(
+            "pipeline `{}` does not take pushed input",
+            self.name()
+        )))
+    }
 }
 
 /// Batches are cut into messages of at most about this size.
@@ -215,6 +233,18 @@ fn header<T>(request: &Request<T>) -> Option<&str> {
         .metadata()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
+}
+
+/// A message over the decoding limit is RESOURCE_EXHAUSTED, whatever code tonic chose.
+fn too_large(s: Status) -> Status {
+    if s.message().contains("message length too large")
+        || s.code() == tonic::Code::OutOfRange
+        || s.code() == tonic::Code::ResourceExhausted
+    {
+        Status::resource_exhausted(format!("DoPut message too large: {}", s.message()))
+    } else {
+        s
+    }
 }
 
 /// A tokio channel as a stream.
@@ -389,9 +419,55 @@ impl FlightService for FlightServer {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
         self.check(&request)?;
-        Err(Status::unimplemented(
-            "DoPut: no served pipeline takes pushed input",
-        ))
+        let mut input = request.into_inner();
+        let first = input
+            .message()
+            .await
+            .map_err(too_large)?
+            .ok_or_else(|| Status::invalid_argument("DoPut stream is empty"))?;
+        let pipeline = match first.flight_descriptor.as_ref().map(|d| d.path.as_slice()) {
+            Some([ingest, name]) if ingest == "ingest" => self.pipeline(name)?.clone(),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "DoPut descriptor path must be [\"ingest\", pipeline]",
+                ));
+            }
+        };
+        let messages = stream::once(async { Ok(first) })
+            .chain(input)
+            .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(too_large(s))));
+        let mut batches = FlightRecordBatchStream::new_from_flight_data(messages);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            while let Some(batch) = batches.next().await {
+                let batch = match batch {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let status = match e {
+                            arrow_flight::error::FlightError::Tonic(s) => *s,
+                            other => Status::invalid_argument(format!("bad DoPut stream: {other}")),
+                        };
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                let p = pipeline.clone();
+                let accepted = tokio::task::spawn_blocking(move || p.accept(batch))
+                    .await
+                    .unwrap_or_else(|e| Err(ServeError::Internal(e.to_string())));
+                let reply = accepted.map_err(Status::from).map(|(seq, rows)| PutResult {
+                    app_metadata: Bytes::from(
+                        serde_json::to_vec(&serde_json::json!({"seq": seq, "rows": rows}))
+                            .unwrap_or_default(),
+                    ),
+                });
+                let failed = reply.is_err();
+                if tx.send(reply).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(Rx(rx))))
     }
 
     async fn do_exchange(
@@ -416,6 +492,17 @@ impl FlightService for FlightServer {
                     arrow_flight::Result::new(serde_json::to_vec(&status).unwrap_or_default());
                 Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
             }
+            "end_ingest" => {
+                let name = std::str::from_utf8(&request.get_ref().body).map_err(|_| {
+                    Status::invalid_argument("end_ingest: body must be the pipeline name")
+                })?;
+                let p = self.pipeline(name)?.clone();
+                tokio::task::spawn_blocking(move || p.end_input())
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))??;
+                let body = arrow_flight::Result::new(b"{\"ended\":true}".to_vec());
+                Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
+            }
             other => Err(Status::invalid_argument(format!(
                 "unknown action `{other}` (ListActions lists them)"
             ))),
@@ -427,10 +514,22 @@ impl FlightService for FlightServer {
         request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
         self.check(&request)?;
-        let status = ActionType {
-            r#type: "status".into(),
-            description: "JSON: each pipeline's ranks, steps served and queue depths".into(),
-        };
-        Ok(Response::new(Box::pin(stream::iter([Ok(status)]))))
+        let actions = [
+            (
+                "status",
+                "JSON: each pipeline's ranks, steps served and queue depths",
+            ),
+            (
+                "end_ingest",
+                "body: a pipeline name; closes its pushed input",
+            ),
+        ]
+        .map(|(t, d)| {
+            Ok(ActionType {
+                r#type: t.into(),
+                description: d.into(),
+            })
+        });
+        Ok(Response::new(Box::pin(stream::iter(actions))))
     }
 }

@@ -130,6 +130,19 @@ class Client:
         results = self._client.do_action(flight.Action("status", b""), self._options)
         return json.loads(next(iter(results)).body.to_pybytes())
 
+    def push(self, pipeline: str, data) -> list:
+        """Pushes raw input rows (a Table or RecordBatches) into a pipeline declared with
+        ``input = "flight"``; returns each batch's acknowledgement ``{"seq", "rows"}``."""
+        return _push(self._client, self._options, pipeline, data)
+
+    def end_ingest(self, pipeline: str) -> None:
+        """Closes the pipeline's pushed input: the last step is padded, the epoch ends."""
+        try:
+            list(self._client.do_action(flight.Action("end_ingest", pipeline.encode()),
+                                        self._options))
+        except flight.FlightError as e:
+            raise HydrantError(str(e)) from e
+
     def batches(
         self,
         pipeline: str,
@@ -165,6 +178,26 @@ class Client:
             raise HydrantError(str(e)) from e
         except pa.ArrowException as e:
             raise HydrantError(str(e)) from e
+
+
+def _push(client, options, pipeline, data):
+    """DoPut of ``data`` (a Table or an iterable of RecordBatches) to ``pipeline``."""
+    batches = data.to_batches() if isinstance(data, pa.Table) else list(data)
+    if not batches:
+        return []
+    descriptor = flight.FlightDescriptor.for_path("ingest", pipeline)
+    acks = []
+    try:
+        writer, reader = client.do_put(descriptor, batches[0].schema, options)
+        for b in batches:
+            writer.write_batch(b)
+            ack = reader.read()
+            acks.append(json.loads(ack.to_pybytes()) if ack is not None else None)
+        writer.done_writing()
+        writer.close()
+    except (flight.FlightError, pa.ArrowException) as e:
+        raise HydrantError(str(e)) from e
+    return acks
 
 
 def _torch_dataset_base():

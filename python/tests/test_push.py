@@ -1,0 +1,84 @@
+"""DoPut: producers push raw batches into a pipeline declared `input = "flight"`, ranks
+read them as they arrive, `end_ingest` pads the last step."""
+
+import pathlib
+import threading
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import BIN, ROOT, Server, hydrant
+from hydrant_client import Client, HydrantError
+
+PUSHED = (ROOT / "examples" / "criteo_hash.toml").read_text()
+
+
+@pytest.fixture
+def pushed(tmp_path, data):
+    """A server for the hash pipeline with pushed input, and the rows to push."""
+    path, _ = data
+    files = tmp_path / "files.toml"
+    files.write_text(PUSHED)
+    state = tmp_path / "state.json"
+    hydrant("fit", "--pipeline", files, "--input", path, "--out", state)
+    flight_toml = tmp_path / "pushed.toml"
+    flight_toml.write_text('input = "flight"\n' + PUSHED)
+    s = Server("--pipeline", flight_toml, "--state", state, "--ranks", "2",
+               "--batch-size", "1000")
+    yield s, pq.read_table(path)
+    s.stop()
+
+
+def test_push_then_read_every_row_once(pushed):
+    server, table = pushed
+    client = Client(server.uri)
+    got = {}
+
+    def read(r):
+        got[r] = list(client.batches("criteo_hash", r, 2))
+
+    readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(2)]
+    for t in readers:
+        t.start()
+    # Two producers at once, each half of the rows.
+    half = table.num_rows // 2
+    parts = [table.slice(0, half), table.slice(half)]
+    acks = {}
+
+    def produce(i):
+        acks[i] = Client(server.uri).push("criteo_hash", parts[i].to_batches(max_chunksize=3000))
+
+    producers = [threading.Thread(target=produce, args=(i,)) for i in range(2)]
+    for t in producers:
+        t.start()
+    for t in producers:
+        t.join()
+    assert sum(a["rows"] for i in range(2) for a in acks[i]) == table.num_rows
+    seqs = sorted(a["seq"] for i in range(2) for a in acks[i])
+    assert seqs == list(range(len(seqs)))
+    client.end_ingest("criteo_hash")
+    for t in readers:
+        t.join(timeout=60)
+    steps = [[b.step for b in got[r]] for r in range(2)]
+    assert steps[0] == steps[1] == list(range(-(-table.num_rows // 2000)))
+    ids = sorted(i for r in range(2) for b in got[r] for i in b.row_id[~b.mask].tolist())
+    assert ids == list(range(table.num_rows))
+    status = client.status()["pipelines"][0]["pushed"]
+    assert status["rows_in"] == table.num_rows and status["ended"]
+
+
+def test_a_batch_of_the_wrong_schema_is_rejected_whole(pushed):
+    server, table = pushed
+    client = Client(server.uri)
+    with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*`c3`"):
+        client.push("criteo_hash", table.drop_columns(["c3"]).slice(0, 100))
+    assert client.status()["pipelines"][0]["pushed"]["rows_in"] == 0
+    # The server keeps taking good batches.
+    assert client.push("criteo_hash", table.slice(0, 100))[0]["rows"] == 100
+
+
+def test_push_to_a_file_pipeline_is_refused(serve, data):
+    s = serve("--ranks", "1")
+    path, _ = data
+    with pytest.raises(HydrantError, match="does not take pushed input"):
+        Client(s.uri).push("criteo", pq.read_table(path).slice(0, 10))
