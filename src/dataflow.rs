@@ -333,6 +333,8 @@ fn run_worker(
                             r.batches += 1;
                             r.steps_per_rank[rb.meta.rank] += 1;
                             progress.fetch_add(real, Ordering::Relaxed);
+                            metrics::counter!(crate::metrics::ROWS_OUT, "stage" => "sink")
+                                .increment(real);
                             if let Some(Err(e)) = sink2.borrow_mut().as_mut().map(|s| s.write(rb)) {
                                 errors2.set("sink", e);
                             }

@@ -62,6 +62,7 @@ pub mod epoch;
 mod error;
 pub mod generate;
 pub mod loader;
+pub mod metrics;
 pub mod pipeline;
 pub mod rebatch;
 pub mod route;

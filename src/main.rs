@@ -137,6 +137,9 @@ struct ServeArgs {
     /// Largest message the server accepts, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     max_message_bytes: usize,
+    /// Export Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     delivery: DeliveryArgs,
 }
@@ -445,7 +448,11 @@ fn serve(args: &ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .map_err(|e| Error::Usage(format!("cannot start the server runtime: {e}")))?;
+    let metrics_listen = args.metrics_listen;
     runtime.block_on(async move {
+        if let Some(m) = metrics_listen {
+            hydrant::metrics::export(m)?;
+        }
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;

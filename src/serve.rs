@@ -341,6 +341,11 @@ impl Reader {
         if rb.meta.step < self.start_step {
             return None;
         }
+        let rank = self.rank.to_string();
+        metrics::counter!(crate::metrics::RANK_BATCHES, "rank" => rank.clone()).increment(1);
+        metrics::counter!(crate::metrics::RANK_BYTES, "rank" => rank.clone())
+            .increment(bytes(&rb) as u64);
+        metrics::gauge!(crate::metrics::RANK_QUEUE_DEPTH, "rank" => rank).set(self.rx.len() as f64);
         slot.sent_bytes += bytes(&rb);
         slot.sent.push_back(rb.clone());
         while slot.sent_bytes > REPLAY_BYTES && slot.sent.len() > 1 {
@@ -372,7 +377,10 @@ impl Iterator for Reader {
                 }
             }
             let receiving = lock(&self.receiving);
+            let waited = Instant::now();
             let got = self.rx.recv_timeout(POLL);
+            metrics::gauge!(crate::metrics::RANK_STALL_SECONDS, "rank" => self.rank.to_string())
+                .increment(waited.elapsed().as_secs_f64());
             let mut slot = lock(&self.session.ranks[self.rank]);
             drop(receiving);
             match got {
@@ -444,7 +452,10 @@ impl Served for ServedPipeline {
                 self.name
             )));
         };
-        let invalid = |e: &dyn std::fmt::Display| ServeError::InvalidArgument(e.to_string());
+        let invalid = |e: &dyn std::fmt::Display| {
+            metrics::counter!(crate::metrics::PUSH_REJECTED, "reason" => "invalid").increment(1);
+            ServeError::InvalidArgument(e.to_string())
+        };
         // Featurized under the lock, so that rows keep the order they were accepted in and
         // a full rank queue holds every producer back.
         let mut guard = lock(ingest);
@@ -489,6 +500,7 @@ impl Served for ServedPipeline {
         }
         st.next_row += rows;
         st.seq += 1;
+        metrics::counter!(crate::metrics::PUSHED_ROWS).increment(rows);
         Ok((st.seq - 1, rows))
     }
 

@@ -126,3 +126,19 @@ def test_status_reports_sessions(serve):
     status = client.status()["pipelines"][0]
     assert status["name"] == "criteo" and status["world_size"] == 2
     assert status["sessions"][0]["ranks"][0]["next_step"] == status["steps_per_epoch"]
+
+
+def test_metrics_are_exported_for_prometheus(serve):
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    s = serve("--ranks", "2", "--batch-size", "5000", "--metrics-listen", f"127.0.0.1:{port}")
+    read_all(Client(s.uri), range(2), 2)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    steps = -(-ROWS // 10000)
+    assert f'hydrant_rank_batches_total{{rank="0"}} {steps}' in text
+    assert f'hydrant_rows_out_total{{stage="sink"}} {ROWS}' in text
+    assert "hydrant_rank_stall_seconds_total" in text and "hydrant_rank_queue_depth" in text

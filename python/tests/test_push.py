@@ -77,6 +77,26 @@ def test_a_batch_of_the_wrong_schema_is_rejected_whole(pushed):
     assert client.push("criteo_hash", table.slice(0, 100))[0]["rows"] == 100
 
 
+def test_a_too_large_message_is_resource_exhausted(tmp_path, data):
+    path, _ = data
+    files = tmp_path / "files.toml"
+    files.write_text(PUSHED)
+    state = tmp_path / "state.json"
+    hydrant("fit", "--pipeline", files, "--input", path, "--out", state)
+    flight_toml = tmp_path / "pushed.toml"
+    flight_toml.write_text('input = "flight"\n' + PUSHED)
+    s = Server("--pipeline", flight_toml, "--state", state, "--max-message-bytes", "200000")
+    try:
+        client = Client(s.uri)
+        table = pq.read_table(path)
+        with pytest.raises(HydrantError, match="(?i)resource.exhausted|too large"):
+            client.push("criteo_hash", table.slice(0, 10000))
+        # Small batches still go through, on a new call.
+        assert client.push("criteo_hash", table.slice(0, 50))[0]["rows"] == 50
+    finally:
+        s.stop()
+
+
 def test_push_to_a_file_pipeline_is_refused(serve, data):
     s = serve("--ranks", "1")
     path, _ = data

@@ -1,0 +1,26 @@
+//! Metric names, in one place. Recorded through the `metrics` crate; `hydrant serve
+//! --metrics-listen HOST:PORT` exports them for Prometheus.
+
+/// Counter: featurized rows leaving the dataflow's sinks (label `stage`).
+pub const ROWS_OUT: &str = "hydrant_rows_out_total";
+/// Counter: rows accepted from producers (DoPut).
+pub const PUSHED_ROWS: &str = "hydrant_pushed_rows_total";
+/// Counter: pushed batches rejected (label `reason`).
+pub const PUSH_REJECTED: &str = "hydrant_push_rejected_total";
+/// Counter: batches sent to a rank over Flight (label `rank`).
+pub const RANK_BATCHES: &str = "hydrant_rank_batches_total";
+/// Counter: bytes of the batches sent to a rank (label `rank`).
+pub const RANK_BYTES: &str = "hydrant_rank_bytes_total";
+/// Gauge, only ever increased (the `metrics` crate's counters are integers): seconds a
+/// rank's stream waited for its next batch (label `rank`).
+pub const RANK_STALL_SECONDS: &str = "hydrant_rank_stall_seconds_total";
+/// Gauge: batches queued for a rank (label `rank`).
+pub const RANK_QUEUE_DEPTH: &str = "hydrant_rank_queue_depth";
+
+/// Starts the Prometheus exporter on `addr` (serving `/metrics`).
+pub fn export(addr: std::net::SocketAddr) -> crate::Result<()> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| crate::Error::Usage(format!("--metrics-listen {addr}: {e}")))
+}
