@@ -257,3 +257,107 @@ fn two_inputs_are_numbered_in_the_order_given() {
         assert_eq!(rows[&(1_000 + k as u64)].label, Some(*l as f32));
     }
 }
+
+/// Already-featurized input (tensor columns) passes through a pipeline with no steps
+/// unchanged: the Flight transport benchmark serves such a file.
+#[test]
+fn tensor_columns_pass_through_unchanged() {
+    use std::sync::Arc;
+
+    use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    let dir = tempfile::tempdir().unwrap();
+    let rows = 3000usize;
+    let f = Arc::new(Field::new("item", DataType::Float32, false));
+    let i = Arc::new(Field::new("item", DataType::Int64, false));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("label", DataType::Float32, false),
+        Field::new("dense", DataType::FixedSizeList(f.clone(), 3), false),
+        Field::new("ids", DataType::FixedSizeList(i.clone(), 2), false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Float32Array::from_iter_values(
+                (0..rows).map(|r| (r % 2) as f32),
+            )),
+            Arc::new(
+                FixedSizeListArray::try_new(
+                    f,
+                    3,
+                    Arc::new(Float32Array::from_iter_values(
+                        (0..rows * 3).map(|v| v as f32 / 7.0),
+                    )),
+                    None,
+                )
+                .unwrap(),
+            ),
+            Arc::new(
+                FixedSizeListArray::try_new(
+                    i,
+                    2,
+                    Arc::new(Int64Array::from_iter_values(
+                        (0..rows as i64 * 2).map(|v| v * 11),
+                    )),
+                    None,
+                )
+                .unwrap(),
+            ),
+        ],
+    )
+    .unwrap();
+    let input = dir.path().join("featurized.arrow");
+    let mut w =
+        arrow::ipc::writer::FileWriter::try_new(std::fs::File::create(&input).unwrap(), &schema)
+            .unwrap();
+    w.write(&batch.slice(0, 1000)).unwrap();
+    w.write(&batch.slice(1000, 2000)).unwrap();
+    w.finish().unwrap();
+    let toml = dir.path().join("pass.toml");
+    std::fs::write(
+        &toml,
+        "name = \"pass\"\nlabel = { column = \"label\" }\n\
+         [[group]]\nname = \"dense\"\nkind = \"dense\"\ncolumns = [\"dense\"]\n\
+         [[group]]\nname = \"ids\"\nkind = \"ids\"\ncolumns = [\"ids\"]\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let s = hydrant_ok(&[
+        "run",
+        "--pipeline",
+        toml.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--sink",
+        &format!("parquet:{}", out.display()),
+    ]);
+    assert_eq!(s["rows"], rows as u64);
+    let got = read_output(&out);
+    assert_eq!(got.len(), rows);
+    for (id, row) in got {
+        let r = id as usize;
+        assert_eq!(row.label, Some((r % 2) as f32));
+        let dense: Vec<f32> = (0..3).map(|k| (r * 3 + k) as f32 / 7.0).collect();
+        assert_eq!(row.dense, dense);
+        assert_eq!(row.ids, vec![(r as i64 * 2) * 11, (r as i64 * 2 + 1) * 11]);
+    }
+    // Steps on a tensor column are refused, naming it.
+    std::fs::write(
+        &toml,
+        "name = \"pass\"\n[[group]]\nname = \"dense\"\nkind = \"dense\"\ncolumns = [\"dense\"]\n\
+         steps = [\"clip(0, 1)\"]\n",
+    )
+    .unwrap();
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        toml.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("column `dense`") && err.contains("no steps"),
+        "{err}"
+    );
+}

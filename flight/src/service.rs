@@ -107,7 +107,7 @@ pub trait Served: Send + Sync + 'static {
 }
 
 /// Batches are cut into messages of at most about this size.
-pub const MESSAGE_TARGET_BYTES: usize = 2 << 20;
+pub const MESSAGE_TARGET_BYTES: usize = 1 << 20;
 
 /// The Flight service.
 pub struct FlightServer {

@@ -68,6 +68,8 @@ impl FeaturePlan {
             for c in &g.columns {
                 let input = match c.source {
                     Source::Str => Input::Str,
+                    // Groups with tensor columns have no steps, so nothing to fit.
+                    Source::Tensor { .. } => continue,
                     Source::Numeric { .. } => Input::Numeric(bind_numeric(
                         &g.spec.name,
                         &c.name,

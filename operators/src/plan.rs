@@ -23,6 +23,14 @@ pub(crate) enum Source {
     },
     /// Strings, plain or dictionary-encoded.
     Str,
+    /// A ready tensor (`FixedSizeList<Float32|Int64, width>`), passed through unchanged:
+    /// for inputs that are already featurized.
+    Tensor {
+        /// Values per row.
+        width: usize,
+        /// Int64 values (an ids tensor) rather than Float32.
+        ids: bool,
+    },
 }
 
 /// One column of one group, with its chain.
@@ -95,7 +103,10 @@ impl FeaturePlan {
                     OpError::plan(
                         name,
                         column,
-                        format!("type {} is neither numeric nor string", field.data_type()),
+                        format!(
+                            "type {} is neither numeric, string nor a float32/int64 tensor",
+                            field.data_type()
+                        ),
                     )
                 })?;
                 let width = check_chain(group, column, source)?;
@@ -195,6 +206,19 @@ fn field_names(schema: &Schema) -> String {
 }
 
 fn source_of(t: &DataType) -> Option<Source> {
+    if let DataType::FixedSizeList(item, width) = t {
+        return match item.data_type() {
+            DataType::Float32 => Some(Source::Tensor {
+                width: *width as usize,
+                ids: false,
+            }),
+            DataType::Int64 => Some(Source::Tensor {
+                width: *width as usize,
+                ids: true,
+            }),
+            _ => None,
+        };
+    }
     if t.is_integer() {
         Some(Source::Numeric { integer: true })
     } else if t.is_floating() || t.is_numeric() || *t == DataType::Boolean {
@@ -216,6 +240,23 @@ fn source_of(t: &DataType) -> Option<Source> {
 fn check_chain(group: &FeatureGroup, column: &str, source: Source) -> Result<usize> {
     let bad = |reason: String| Err(OpError::plan(&group.name, column, reason));
     let steps = &group.steps;
+    if let Source::Tensor { width, ids } = source {
+        return match (steps.is_empty(), ids, group.kind) {
+            (false, _, _) => {
+                bad("a tensor column passes through unchanged: give its group no steps".into())
+            }
+            (true, false, GroupKind::Dense) | (true, true, GroupKind::Ids) => Ok(width),
+            (true, _, _) => bad(format!(
+                "a {} tensor cannot go into a {} group",
+                if ids { "int64" } else { "float32" },
+                if group.kind == GroupKind::Ids {
+                    "ids"
+                } else {
+                    "dense"
+                }
+            )),
+        };
+    }
     let mut index = false; // the chain has produced an integer index
     let mut one_hot = None;
     for step in steps {

@@ -28,6 +28,8 @@ enum Bound {
     IntPass,
     /// A string looked up in a vocabulary or hashed.
     Str(Arc<Lookup>, DictCache),
+    /// A ready tensor column copied into its slots.
+    Tensor,
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +106,7 @@ impl FeaturePlan {
                     (Source::Numeric { .. }, _) => {
                         Bound::Float(bind_numeric(name, col, chain, chain.len(), state)?)
                     }
+                    (Source::Tensor { .. }, _) => Bound::Tensor,
                     (Source::Str, _) => unreachable!("the plan checked string chains"),
                 };
                 bound.push(BoundColumn {
@@ -153,6 +156,13 @@ impl Transformer {
         for (g, cols) in self.plan.groups.iter().zip(&mut self.columns) {
             let width = g.width;
             let name = &g.spec.name;
+            // A group that is one ready tensor passes it through without a copy.
+            if let [c] = cols.as_slice()
+                && matches!(c.bound, Bound::Tensor)
+            {
+                out.push(tensor_column(batch, name, &c.name, g.spec.kind)?);
+                continue;
+            }
             let tensor: ArrayRef = match g.spec.kind {
                 GroupKind::Dense => {
                     let mut values = vec![0f32; rows * width];
@@ -170,6 +180,10 @@ impl Transformer {
                 GroupKind::Ids => {
                     let mut values = vec![0i64; rows * width];
                     for c in cols.iter_mut() {
+                        if let Bound::Tensor = c.bound {
+                            tensor_into::<Int64Type>(batch, name, c, width, &mut values)?;
+                            continue;
+                        }
                         self.scratch.resize(rows, 0);
                         index_column(batch, name, c, &mut self.scratch)?;
                         scatter(&self.scratch, width, c.offset, &mut values);
@@ -189,6 +203,65 @@ impl Transformer {
     }
 }
 
+/// A ready tensor column, checked to be a non-null list of the group's item type.
+fn tensor_column(
+    batch: &RecordBatch,
+    group: &str,
+    name: &str,
+    kind: GroupKind,
+) -> Result<ArrayRef> {
+    let array = column(batch, group, name)?;
+    let want = match kind {
+        GroupKind::Dense => DataType::Float32,
+        GroupKind::Ids => DataType::Int64,
+    };
+    let list = array
+        .as_fixed_size_list_opt()
+        .filter(|l| l.value_type() == want && l.null_count() == 0 && l.values().null_count() == 0);
+    let Some(list) = list else {
+        return Err(OpError::Schema(format!(
+            "group `{group}`: column `{name}` is {} (with nulls?), expected a non-null tensor of {want}",
+            array.data_type()
+        )));
+    };
+    // Re-labelled with the output's item field; the buffers are shared.
+    let item = Arc::new(Field::new_list_field(want, false));
+    Ok(Arc::new(FixedSizeListArray::try_new(
+        item,
+        list.value_length(),
+        list.values().clone(),
+        None,
+    )?))
+}
+
+/// Copies a ready tensor column into its slots of a wider tensor.
+fn tensor_into<T: arrow::datatypes::ArrowPrimitiveType>(
+    batch: &RecordBatch,
+    group: &str,
+    c: &BoundColumn,
+    width: usize,
+    out: &mut [T::Native],
+) -> Result<()> {
+    let array = column(batch, group, &c.name)?;
+    let list = array.as_fixed_size_list_opt().ok_or_else(|| {
+        OpError::Schema(format!(
+            "group `{group}`: column `{}` is not a tensor",
+            c.name
+        ))
+    })?;
+    let w = list.value_length() as usize;
+    let values = list.values().as_primitive_opt::<T>().ok_or_else(|| {
+        OpError::Schema(format!(
+            "group `{group}`: column `{}` has the wrong item type",
+            c.name
+        ))
+    })?;
+    for (r, row) in values.values().chunks_exact(w).enumerate() {
+        out[r * width + c.offset..r * width + c.offset + w].copy_from_slice(row);
+    }
+    Ok(())
+}
+
 /// Writes one column's slots of a dense tensor.
 fn dense_column(
     batch: &RecordBatch,
@@ -202,6 +275,9 @@ fn dense_column(
         let values = numeric_values(column(batch, group, &c.name)?, group, &c.name)?;
         chain_to_f32(values.values(), values.nulls(), ops, out, width, c.offset);
         return Ok(());
+    }
+    if let Bound::Tensor = c.bound {
+        return tensor_into::<arrow::datatypes::Float32Type>(batch, group, c, width, out);
     }
     scratch.resize(batch.num_rows(), 0);
     index_column(batch, group, c, scratch)?;
@@ -249,7 +325,7 @@ fn index_column(
             }
             strings_to_index(array.as_ref(), lookup, cache, out)?;
         }
-        Bound::Float(_) => unreachable!("float columns have no index"),
+        Bound::Float(_) | Bound::Tensor => unreachable!("float and tensor columns have no index"),
     }
     Ok(())
 }
