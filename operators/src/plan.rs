@@ -392,7 +392,12 @@ mod tests {
         use GroupKind::*;
         for (kind, cols, steps, needle) in [
             (Dense, &["nope"][..], &[][..], "no such column"),
-            (Dense, &["b"], &[], "neither numeric nor string"),
+            (
+                Dense,
+                &["b"],
+                &[],
+                "neither numeric, string nor a float32/int64 tensor",
+            ),
             (Dense, &["s"], &["log1p"], "needs a number"),
             (Dense, &["x"], &["vocab"], "needs a string"),
             (Dense, &["s"], &["vocab"], "needs one_hot"),
