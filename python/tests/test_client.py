@@ -142,3 +142,17 @@ def test_metrics_are_exported_for_prometheus(serve):
     assert f'hydrant_rank_batches_total{{rank="0"}} {steps}' in text
     assert f'hydrant_rows_out_total{{stage="sink"}} {ROWS}' in text
     assert "hydrant_rank_stall_seconds_total" in text and "hydrant_rank_queue_depth" in text
+
+
+def test_sigterm_shuts_down_even_with_a_stalled_stream(serve):
+    import signal
+    import time
+
+    s = serve("--ranks", "2", "--batch-size", "500")
+    reader = Client(s.uri).batches("criteo", 0, 2)
+    next(reader)  # rank 1 is never read, so rank 0's stream stalls once its queue fills
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=20) == 0
+    assert time.time() - t0 < 10
+    assert "shutting down" in s.proc.stderr.read()
