@@ -201,7 +201,7 @@ impl Inputs {
                 Box::new(b.build().map_err(|e| input_err(&e))?)
             }
             Format::Ipc { .. } => Box::new(
-                FileReader::try_new(file, self.projection[unit.file].clone())
+                read_ipc_mapped(&file, self.projection[unit.file].clone())
                     .map_err(|e| input_err(&e))?,
             ),
         };
@@ -246,6 +246,75 @@ pub(crate) fn with_row_id(
     let mut columns = batch.columns().to_vec();
     columns.push(Arc::new(ids));
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+/// The record batches of an Arrow IPC file, decoded in place from a memory map: the
+/// arrays point into the mapped file, so reading copies nothing (arrow's `FileReader`
+/// reads each batch into fresh zeroed buffers).
+fn read_ipc_mapped(
+    file: &File,
+    projection: Option<Vec<usize>>,
+) -> std::result::Result<
+    impl Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send + use<>,
+    arrow::error::ArrowError,
+> {
+    use arrow::buffer::Buffer;
+    use arrow::error::ArrowError;
+    use arrow::ipc::reader::{FileDecoder, read_footer_length};
+    use arrow::ipc::{convert::try_fb_to_schema, root_as_footer};
+
+    // SAFETY: the map is read-only and inputs are not written during a run; a file
+    // truncated underneath would fault, as it would corrupt any reader. `open_file`
+    // already parsed this file's footer and counted its batches.
+    let map =
+        unsafe { memmap2::Mmap::map(file) }.map_err(|e| ArrowError::IpcError(e.to_string()))?;
+    let buffer = Buffer::from(bytes::Bytes::from_owner(map));
+    let bad = |what: &str| ArrowError::IpcError(format!("not a readable Arrow IPC file: {what}"));
+    if buffer.len() < 10 {
+        return Err(bad("too short"));
+    }
+    let trailer_start = buffer.len() - 10;
+    let trailer: [u8; 10] = buffer[trailer_start..]
+        .try_into()
+        .map_err(|_| bad("trailer"))?;
+    let footer_len = read_footer_length(trailer)?;
+    let footer_start = trailer_start
+        .checked_sub(footer_len)
+        .ok_or_else(|| bad("footer"))?;
+    let footer = root_as_footer(&buffer[footer_start..trailer_start])
+        .map_err(|e| ArrowError::IpcError(e.to_string()))?;
+    let schema = try_fb_to_schema(footer.schema().ok_or_else(|| bad("no schema"))?)?;
+    let mut decoder = FileDecoder::new(Arc::new(schema), footer.version());
+    if let Some(p) = projection {
+        decoder = decoder.with_projection(p);
+    }
+    let whole = buffer.clone();
+    let block_data = move |b: &arrow::ipc::Block| -> std::result::Result<Buffer, ArrowError> {
+        let (offset, len) = (
+            usize::try_from(b.offset()).map_err(|_| bad("block offset"))?,
+            b.bodyLength() as usize + b.metaDataLength() as usize,
+        );
+        if offset.checked_add(len).is_none_or(|end| end > footer_start) {
+            return Err(bad("block past the end"));
+        }
+        Ok(whole.slice_with_length(offset, len))
+    };
+    for block in footer.dictionaries().iter().flatten() {
+        decoder.read_dictionary(block, &block_data(block)?)?;
+    }
+    let blocks: Vec<arrow::ipc::Block> = footer
+        .recordBatches()
+        .map(|b| b.iter().copied().collect())
+        .unwrap_or_default();
+    let mut blocks = blocks.into_iter();
+    Ok(std::iter::from_fn(move || {
+        let block = blocks.next()?;
+        Some(block_data(&block).and_then(|data| {
+            decoder
+                .read_record_batch(&block, &data)?
+                .ok_or_else(|| bad("empty block"))
+        }))
+    }))
 }
 
 /// A path as the files it names: itself, or a folder's data files in name order.
