@@ -102,3 +102,17 @@ def test_push_to_a_file_pipeline_is_refused(serve, data):
     path, _ = data
     with pytest.raises(HydrantError, match="does not take pushed input"):
         Client(s.uri).push("criteo", pq.read_table(path).slice(0, 10))
+
+
+def test_a_doput_without_the_ingest_path_is_invalid(pushed):
+    import pyarrow.flight as flight
+
+    server, table = pushed
+    c = flight.FlightClient(server.uri)
+    batch = table.slice(0, 10).to_batches()[0]
+    with pytest.raises(Exception, match="INVALID_ARGUMENT.*descriptor path must be"):
+        writer, reader = c.do_put(flight.FlightDescriptor.for_path("criteo_hash"), batch.schema)
+        writer.write_batch(batch)
+        writer.done_writing()
+        reader.read()
+        writer.close()
