@@ -1,0 +1,216 @@
+//! `hydrant serve`: the pipeline over Arrow Flight, from files or pushed input.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hydrant::dataflow;
+use hydrant::{Error, PipelineSpec, Result};
+use serde_json::json;
+
+use super::{Common, DeliveryArgs, prepare, read_state, round3};
+
+#[derive(Args, Clone)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// A fitted state from `hydrant fit`; without it, the server fits first.
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Address to listen on (port 0: any free port; the chosen one is printed).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: String,
+    /// `user:password` lines; clients then authenticate (Basic, then a bearer token).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Listen on a non-loopback address without a token file.
+    #[arg(long)]
+    insecure_listen_any: bool,
+    /// Largest message the server accepts, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_message_bytes: usize,
+    /// Export Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    delivery: DeliveryArgs,
+}
+
+/// Runs the server until SIGINT or SIGTERM.
+pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
+    let started = Instant::now();
+    let addr: std::net::SocketAddr = args
+        .listen
+        .parse()
+        .map_err(|e| Error::Usage(format!("--listen {}: {e}", args.listen)))?;
+    if !addr.ip().is_loopback() && args.token_file.is_none() && !args.insecure_listen_any {
+        return Err(Error::Usage(format!(
+            "--listen {addr} is not loopback: give --token-file, or --insecure-listen-any"
+        )));
+    }
+    let auth = match &args.token_file {
+        Some(path) => {
+            Some(hydrant_flight::Auth::from_file(path).map_err(|e| Error::Usage(e.to_string()))?)
+        }
+        None => None,
+    };
+    let spec = PipelineSpec::from_file(&args.common.pipeline)?;
+    let served = if spec.input == hydrant::InputKind::Flight {
+        ingest_pipeline(args, spec.clone())?
+    } else {
+        let (_, job, cluster, _, _) = prepare(
+            &args.common,
+            args.state.as_deref(),
+            Some(&args.delivery),
+            started,
+        )?;
+        if cluster.processes > 1 {
+            return Err(Error::Usage("serve runs in one process".into()));
+        }
+        let (inputs, plan, delivery) = (job.inputs.clone(), job.plan.clone(), job.delivery.clone());
+        let state = match job.state.clone() {
+            Some(s) => s,
+            None => {
+                let report = dataflow::execute(job, &cluster, || {})?;
+                report
+                    .state
+                    .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?
+            }
+        };
+        hydrant::serve::ServedPipeline::new(
+            &spec.name,
+            inputs,
+            plan,
+            state,
+            delivery,
+            cluster.workers,
+        )?
+    };
+    let fit_s = started.elapsed().as_secs_f64();
+    let (world_size, epochs, steps, rows) = {
+        use hydrant_flight::Served;
+        let s = served.status();
+        (
+            served.world_size(),
+            served.epochs(),
+            s["steps_per_epoch"].clone(),
+            s["rows_per_epoch"].clone(),
+        )
+    };
+    let server =
+        hydrant_flight::FlightServer::new(vec![Arc::new(served)], auth, args.max_message_bytes);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start the server runtime: {e}")))?;
+    let metrics_listen = args.metrics_listen;
+    runtime.block_on(async move {
+        if let Some(m) = metrics_listen {
+            hydrant::metrics::export(m)?;
+        }
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
+        let ready = json!({
+            "listening": local.to_string(),
+            "pipeline": spec.name,
+            "world_size": world_size,
+            "epochs": epochs,
+            "steps_per_epoch": steps,
+            "rows_per_epoch": rows,
+            "ready_s": round3(fit_s),
+        });
+        println!("{ready}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        // On SIGINT/SIGTERM stop accepting calls and let streams finish, but not forever:
+        // a stream can wait on a rank no one reads.
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stop2 = stop.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            stop2.notify_waiters();
+        });
+        let graceful = server.serve(listener, {
+            let stop = stop.clone();
+            async move { stop.notified().await }
+        });
+        tokio::select! {
+            served = graceful => served
+                .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e)))),
+            _ = async {
+                stop.notified().await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            } => {
+                eprintln!("hydrant: streams still open after 5 s; closing them");
+                Ok(())
+            }
+        }
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.unwrap_or(());
+    eprintln!("hydrant: shutting down");
+}
+
+/// A pipeline whose input is pushed over Flight: needs a state, takes no files.
+fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serve::ServedPipeline> {
+    if !args.common.input.is_empty() {
+        return Err(Error::Usage(format!(
+            "pipeline `{}` takes pushed input (input = \"flight\"): give no --input",
+            spec.name
+        )));
+    }
+    let path = args.state.as_deref().ok_or_else(|| {
+        Error::Usage(format!(
+            "pipeline `{}` takes pushed input: give --state (statistics cannot be fitted on \
+             a stream that has not arrived)",
+            spec.name
+        ))
+    })?;
+    let state = read_state(path)?;
+    let d = &args.delivery;
+    let options = d.options(1)?;
+    let plan = hydrant::epoch::EpochPlan::new(
+        Vec::new(),
+        options.ranks,
+        options.batch_size,
+        options.last_batch,
+        options.seed,
+        options.shuffle,
+    )?;
+    let delivery = hydrant::route::Delivery {
+        plan: Arc::new(plan),
+        epochs: 1,
+        start_epoch: 0,
+        start_step: 0,
+    };
+    hydrant::serve::ServedPipeline::ingest(spec, state, delivery).map_err(|e| match e {
+        Error::Op(op) => Error::State {
+            path: path.to_path_buf(),
+            reason: op.to_string(),
+        },
+        other => other,
+    })
+}
