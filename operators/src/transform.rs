@@ -59,6 +59,9 @@ impl FeaturePlan {
                 state.pipeline, self.pipeline
             )));
         }
+        // Vocabularies are the slow part (a hash-map entry per value): built on every core
+        // first, then taken in the same column order below.
+        let mut vocabs = self.build_vocabs(state).into_iter();
         let mut columns = Vec::with_capacity(self.groups.len());
         for g in &self.groups {
             let steps = &g.spec.steps;
@@ -74,7 +77,9 @@ impl FeaturePlan {
                     (Source::Str, Some(step @ Step::Vocab { .. })) => {
                         match param(state, name, col, 0, step)? {
                             FittedParam::Vocab { values } => Bound::Str(
-                                Arc::new(Lookup::Vocab(VocabIndex::new(values))),
+                                Arc::new(Lookup::Vocab(
+                                    vocabs.next().unwrap_or_else(|| VocabIndex::new(values)),
+                                )),
                                 DictCache::default(),
                             ),
                             _ => return Err(wrong_param(name, col, step)),
@@ -123,6 +128,47 @@ impl FeaturePlan {
             columns,
             state_version: state.version,
             scratch: Vec::new(),
+        })
+    }
+}
+
+impl FeaturePlan {
+    /// The vocabulary indexes of the plan's vocab columns, in column order, built in
+    /// parallel. Stops at the first column whose parameter is missing or wrong (binding
+    /// reports it).
+    fn build_vocabs(&self, state: &FittedState) -> Vec<VocabIndex> {
+        let mut lists: Vec<&[String]> = Vec::new();
+        'groups: for g in &self.groups {
+            let steps = &g.spec.steps;
+            let chain_end = match steps.last() {
+                Some(Step::OneHot(_)) => steps.len().checked_sub(2).map(|i| &steps[i]),
+                other => other,
+            };
+            let Some(step @ Step::Vocab { .. }) = chain_end else {
+                continue;
+            };
+            for c in g.columns.iter().filter(|c| c.source == Source::Str) {
+                match param(state, &g.spec.name, &c.name, 0, step) {
+                    Ok(FittedParam::Vocab { values }) => lists.push(values),
+                    _ => break 'groups,
+                }
+            }
+        }
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, lists.len().max(1));
+        let per = lists.len().div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = lists
+                .chunks(per)
+                .map(|chunk| {
+                    s.spawn(move || chunk.iter().map(|v| VocabIndex::new(v)).collect::<Vec<_>>())
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
         })
     }
 }
