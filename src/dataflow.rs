@@ -227,11 +227,8 @@ impl WorkerSink {
             WorkerSink::Channels(c) => match &c[rb.meta.rank] {
                 Some(tx) => {
                     let rank = rb.meta.rank;
-                    tx.send(rb).map_err(|_| {
-                        Error::Dataflow(format!(
-                            "rank {rank} stopped reading before its last batch"
-                        ))
-                    })
+                    tx.send(rb)
+                        .map_err(|_| crate::loader::stopped_reading(rank))
                 }
                 None => Ok(()),
             },

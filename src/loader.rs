@@ -214,13 +214,13 @@ pub struct LoaderFeed {
 impl LoaderFeed {
     /// Hands over a batch, waiting while the loader is full (backpressure).
     pub fn send(&self, batch: RankBatch) -> Result<()> {
-        self.tx.send(batch).map_err(|_| {
-            Error::Dataflow(format!(
-                "rank {} stopped reading before its last batch",
-                self.rank
-            ))
-        })
+        self.tx.send(batch).map_err(|_| stopped_reading(self.rank))
     }
+}
+
+/// The error when a rank's reader went away before its last batch.
+pub(crate) fn stopped_reading(rank: usize) -> Error {
+    Error::Dataflow(format!("rank {rank} stopped reading before its last batch"))
 }
 
 /// Per-rank counters, shared by a loader's handles.

@@ -231,7 +231,9 @@ pub struct Pipeline {
     plan: Arc<hydrant_operators::FeaturePlan>,
     state: Option<FittedState>,
     bound: Option<hydrant_operators::Transformer>,
-    options: RunOptions,
+    delivery: Delivery,
+    workers: usize,
+    loader: LoaderConfig,
 }
 
 impl Pipeline {
@@ -262,15 +264,17 @@ impl Pipeline {
             Some(state) => Some(plan.transformer(state)?),
             None => None,
         };
-        // Checked now, so that a bad option fails before anything starts.
-        options.delivery(&opened)?;
+        // Planned now, so that a bad option fails before anything starts.
+        let delivery = options.delivery(&opened)?;
         Ok(Pipeline {
             spec,
             inputs: Arc::new(opened),
             plan: Arc::new(plan),
             state,
             bound,
-            options,
+            delivery,
+            workers: options.workers,
+            loader: options.loader,
         })
     }
 
@@ -281,13 +285,13 @@ impl Pipeline {
 
     /// The delivery plan (steps per epoch, padding, ...).
     pub fn epoch_plan(&self) -> Result<EpochPlan> {
-        Ok(self.options.delivery(&self.inputs)?.plan.as_ref().clone())
+        Ok(self.delivery.plan.as_ref().clone())
     }
 
     /// Starts the dataflow and one loader per rank; fits first if no state was given.
     pub fn start(self) -> Result<Running> {
         let job = Job {
-            delivery: self.options.delivery(&self.inputs)?,
+            delivery: self.delivery,
             inputs: self.inputs,
             plan: self.plan,
             state: self.state,
@@ -297,11 +301,7 @@ impl Pipeline {
             progress: Default::default(),
             errors: ErrorSlot::default(),
         };
-        start(
-            job,
-            Cluster::local(self.options.workers),
-            self.options.loader,
-        )
+        start(job, Cluster::local(self.workers), self.loader)
     }
 }
 

@@ -226,10 +226,7 @@ impl Rebatcher {
     /// Ends a streamed epoch: empties the shuffle buffer, then pads the last step or
     /// drops it (as the plan's `last_batch` says). Returns the rows dropped.
     pub fn finish_stream(&mut self, out: &mut Vec<RankBatch>) -> Result<u64> {
-        let shuffler = std::mem::replace(&mut self.shuffler, self.plan.shuffler(self.epoch));
-        for h in shuffler.drain() {
-            self.emit(h, out)?;
-        }
+        self.drain_shuffler(out)?;
         if self.step.is_empty() {
             return Ok(0);
         }
@@ -244,12 +241,18 @@ impl Rebatcher {
         Ok(handles.len() as u64)
     }
 
-    /// Ends the epoch: empties the shuffle buffer and pads or drops the last step.
-    pub fn finish_epoch(&mut self, out: &mut Vec<RankBatch>) -> Result<()> {
+    /// Emits every row still in the shuffle buffer, in the order it lets them go.
+    fn drain_shuffler(&mut self, out: &mut Vec<RankBatch>) -> Result<()> {
         let shuffler = std::mem::replace(&mut self.shuffler, self.plan.shuffler(self.epoch));
         for h in shuffler.drain() {
             self.emit(h, out)?;
         }
+        Ok(())
+    }
+
+    /// Ends the epoch: empties the shuffle buffer and pads or drops the last step.
+    pub fn finish_epoch(&mut self, out: &mut Vec<RankBatch>) -> Result<()> {
+        self.drain_shuffler(out)?;
         if self.emitted != self.plan.rows() {
             return Err(Error::Dataflow(format!(
                 "epoch {} delivered {} of {} rows",

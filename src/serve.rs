@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
 use crossbeam_channel::{Receiver, Sender, bounded};
-use hydrant_flight::{BatchMeta, RankStream, ServeError, Served};
+use hydrant_flight::{BatchMeta, RankStream, ServeError, Served, batch_bytes};
 use hydrant_operators::{ErrorSlot, FeaturePlan, FittedState, Transformer};
 
 use crate::dataflow::{self, Cluster, Job, Output};
@@ -62,17 +62,23 @@ struct Session {
 }
 
 impl Session {
-    /// A session whose ranks' queues are fed by the returned senders.
+    /// A session whose ranks' queues are fed by the returned senders; with `only`, the
+    /// other ranks get no queue (the dataflow discards their batches).
     fn with_queues(
         epoch: u64,
         first_step: u64,
         only: Option<usize>,
         world: usize,
-    ) -> (Vec<Sender<RankBatch>>, Arc<Session>) {
+    ) -> (Vec<Option<Sender<RankBatch>>>, Arc<Session>) {
         let (senders, ranks) = (0..world)
-            .map(|_| {
+            .map(|r| {
                 let (tx, rx) = bounded(QUEUE);
-                (tx, Mutex::new(Slot::new(rx, first_step)))
+                let mut slot = Slot::new(rx, first_step);
+                if only.is_some_and(|o| o != r) {
+                    slot.rx = None;
+                    return (None, Mutex::new(slot));
+                }
+                (Some(tx), Mutex::new(slot))
             })
             .unzip();
         let session = Arc::new(Session {
@@ -175,6 +181,7 @@ impl ServedPipeline {
         let rebatcher =
             Rebatcher::streaming(delivery.plan.clone(), &plan.output_schema(), state.version)?;
         let (senders, session) = Session::with_queues(0, 0, None, delivery.plan.world_size());
+        let senders = senders.into_iter().flatten().collect();
         let mut sessions = BTreeMap::new();
         sessions.insert(0, session);
         let mut rebatcher = rebatcher;
@@ -211,21 +218,8 @@ impl ServedPipeline {
         let Some(inputs) = &self.inputs else {
             unreachable!("sessions of pushed input are made at start");
         };
-        let world = self.delivery.plan.world_size();
-        let mut senders = Vec::with_capacity(world);
-        let mut ranks = Vec::with_capacity(world);
-        for r in 0..world {
-            let (tx, rx) = bounded(QUEUE);
-            let serve = only.is_none_or(|o| o == r);
-            senders.push(serve.then_some(tx));
-            let mut slot = Slot::new(rx, start_step);
-            if !serve {
-                slot.rx = None;
-            }
-            ranks.push(Mutex::new(slot));
-        }
-        let errors = ErrorSlot::default();
-        let done = Arc::new(AtomicBool::new(false));
+        let (senders, session) =
+            Session::with_queues(epoch, start_step, only, self.delivery.plan.world_size());
         let job = Job {
             inputs: inputs.clone(),
             plan: self.plan.clone(),
@@ -240,30 +234,23 @@ impl ServedPipeline {
             output: Some(Output::Channels(senders)),
             started: Instant::now(),
             progress: Default::default(),
-            errors: errors.clone(),
+            errors: session.errors.clone(),
         };
         let cluster = Cluster::local(self.workers);
-        let (done2, errors2) = (done.clone(), errors.clone());
+        let (done, errors) = (session.done.clone(), session.errors.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("hydrant-session-{epoch}"))
             .spawn(move || {
                 if let Err(e) = dataflow::execute(job, &cluster, || {}) {
-                    errors2.set("session", e);
+                    errors.set("session", e);
                 }
-                done2.store(true, Ordering::SeqCst);
+                done.store(true, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
-            errors.set("session", format!("cannot start: {e}"));
-            done.store(true, Ordering::SeqCst);
+            session.errors.set("session", format!("cannot start: {e}"));
+            session.done.store(true, Ordering::SeqCst);
         }
-        Arc::new(Session {
-            epoch,
-            first_step: start_step,
-            only,
-            ranks,
-            done,
-            errors,
-        })
+        session
     }
 
     /// Attaches a stream to `rank` of `session` from `start_step` (taking the rank over
@@ -299,6 +286,17 @@ impl ServedPipeline {
     }
 }
 
+/// Hands each rank batch to its rank's queue, waiting while it is full.
+fn send_all(senders: &[Sender<RankBatch>], ranked: Vec<RankBatch>) -> Result<(), ServeError> {
+    for rb in ranked {
+        let rank = rb.meta.rank;
+        senders[rank]
+            .send(rb)
+            .map_err(|_| ServeError::Internal(format!("rank {rank}'s queue is closed")))?;
+    }
+    Ok(())
+}
+
 /// One DoGet's view of a rank: the replayed batches, then what a replaced stream left,
 /// then the queue.
 struct Reader {
@@ -322,15 +320,6 @@ fn meta(rb: &RankBatch) -> BatchMeta {
     }
 }
 
-/// The bytes of a batch's rows (not of buffers a slice shares with others).
-fn bytes(rb: &RankBatch) -> usize {
-    rb.data()
-        .columns()
-        .iter()
-        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
-        .sum()
-}
-
 /// How long a stream waits on its queue before looking whether it was replaced.
 const POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -344,13 +333,13 @@ impl Reader {
         let rank = self.rank.to_string();
         metrics::counter!(crate::metrics::RANK_BATCHES, "rank" => rank.clone()).increment(1);
         metrics::counter!(crate::metrics::RANK_BYTES, "rank" => rank.clone())
-            .increment(bytes(&rb) as u64);
+            .increment(batch_bytes(rb.data()) as u64);
         metrics::gauge!(crate::metrics::RANK_QUEUE_DEPTH, "rank" => rank).set(self.rx.len() as f64);
-        slot.sent_bytes += bytes(&rb);
+        slot.sent_bytes += batch_bytes(rb.data());
         slot.sent.push_back(rb.clone());
         while slot.sent_bytes > REPLAY_BYTES && slot.sent.len() > 1 {
             if let Some(old) = slot.sent.pop_front() {
-                slot.sent_bytes -= bytes(&old);
+                slot.sent_bytes -= batch_bytes(old.data());
             }
         }
         Some(rb)
@@ -447,10 +436,7 @@ impl Served for ServedPipeline {
 
     fn accept(&self, batch: arrow::array::RecordBatch) -> Result<(u64, u64), ServeError> {
         let Some(ingest) = &self.ingest else {
-            return Err(ServeError::InvalidArgument(format!(
-                "pipeline `{}` does not take pushed input (its file says no `input = \"flight\"`)",
-                self.name
-            )));
+            return Err(ServeError::not_pushed(&self.name));
         };
         let invalid = |e: &dyn std::fmt::Display| {
             metrics::counter!(crate::metrics::PUSH_REJECTED, "reason" => "invalid").increment(1);
@@ -492,12 +478,7 @@ impl Served for ServedPipeline {
         st.rebatcher
             .push(featurized, &mut ranked)
             .map_err(|e| ServeError::Internal(e.to_string()))?;
-        for rb in ranked {
-            let rank = rb.meta.rank;
-            senders[rank]
-                .send(rb)
-                .map_err(|_| ServeError::Internal(format!("rank {rank}'s queue is closed")))?;
-        }
+        send_all(senders, ranked)?;
         st.next_row += rows;
         st.seq += 1;
         metrics::counter!(crate::metrics::PUSHED_ROWS).increment(rows);
@@ -506,10 +487,7 @@ impl Served for ServedPipeline {
 
     fn end_input(&self) -> Result<(), ServeError> {
         let Some(ingest) = &self.ingest else {
-            return Err(ServeError::InvalidArgument(format!(
-                "pipeline `{}` does not take pushed input",
-                self.name
-            )));
+            return Err(ServeError::not_pushed(&self.name));
         };
         let mut st = lock(ingest);
         let Some(senders) = st.senders.take() else {
@@ -520,12 +498,7 @@ impl Served for ServedPipeline {
             .rebatcher
             .finish_stream(&mut ranked)
             .map_err(|e| ServeError::Internal(e.to_string()))?;
-        for rb in ranked {
-            let rank = rb.meta.rank;
-            senders[rank]
-                .send(rb)
-                .map_err(|_| ServeError::Internal(format!("rank {rank}'s queue is closed")))?;
-        }
+        send_all(&senders, ranked)?;
         if let Some(s) = lock(&self.sessions).get(&0) {
             s.done.store(true, Ordering::SeqCst);
         }

@@ -26,5 +26,5 @@ mod service;
 mod ticket;
 
 pub use auth::{Auth, AuthError};
-pub use service::{BatchMeta, FlightServer, RankStream, ServeError, Served};
+pub use service::{BatchMeta, FlightServer, RankStream, ServeError, Served, batch_bytes};
 pub use ticket::{Ticket, TicketError};

@@ -56,6 +56,15 @@ pub enum ServeError {
     Internal(String),
 }
 
+impl ServeError {
+    /// A push (DoPut, `end_ingest`) to a pipeline that reads files.
+    pub fn not_pushed(pipeline: &str) -> Self {
+        ServeError::InvalidArgument(format!(
+            "pipeline `{pipeline}` does not take pushed input (its file says no `input = \"flight\"`)"
+        ))
+    }
+}
+
 impl From<ServeError> for Status {
     fn from(e: ServeError) -> Status {
         match e {
@@ -91,18 +100,12 @@ pub trait Served: Send + Sync + 'static {
     /// Takes one pushed input batch (DoPut); returns its sequence number and rows. May
     /// block while the ranks' queues are full (backpressure on the producer).
     fn accept(&self, _batch: RecordBatch) -> Result<(u64, u64), ServeError> {
-        Err(ServeError::InvalidArgument(format!(
-            "pipeline `{}` does not take pushed input (its file says no `input = \"flight\"`)",
-            self.name()
-        )))
+        Err(ServeError::not_pushed(self.name()))
     }
 
     /// Closes pushed input: the last step is padded and the epoch ends (`end_ingest`).
     fn end_input(&self) -> Result<(), ServeError> {
-        Err(ServeError::InvalidArgument(format!(
-            "pipeline `{}` does not take pushed input",
-            self.name()
-        )))
+        Err(ServeError::not_pushed(self.name()))
     }
 }
 
@@ -307,19 +310,18 @@ fn encode(schema: SchemaRef, batches: RankStream) -> Rx<Result<FlightData, Statu
     Rx(rx)
 }
 
-/// Slices `batch` into pieces of about [`MESSAGE_TARGET_BYTES`] (zero-copy).
-fn split(batch: &RecordBatch) -> Vec<RecordBatch> {
-    // The bytes of this batch's rows, not of the buffers a slice shares with its parent.
-    let bytes = batch
+/// The bytes of a batch's rows, not of the buffers a slice shares with its parent.
+pub fn batch_bytes(batch: &RecordBatch) -> usize {
+    batch
         .columns()
         .iter()
-        .map(|c| {
-            c.to_data()
-                .get_slice_memory_size()
-                .unwrap_or(MESSAGE_TARGET_BYTES)
-        })
-        .sum::<usize>()
-        .max(1);
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum()
+}
+
+/// Slices `batch` into pieces of about [`MESSAGE_TARGET_BYTES`] (zero-copy).
+fn split(batch: &RecordBatch) -> Vec<RecordBatch> {
+    let bytes = batch_bytes(batch).max(1);
     let rows = batch.num_rows();
     if bytes <= MESSAGE_TARGET_BYTES || rows <= 1 {
         return vec![batch.clone()];

@@ -1,21 +1,19 @@
 """DoPut: producers push raw batches into a pipeline declared `input = "flight"`, ranks
 read them as they arrive, `end_ingest` pads the last step."""
 
-import pathlib
 import threading
 
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import BIN, ROOT, Server, hydrant
+from conftest import ROOT, Server, hydrant
 from hydrant_client import Client, HydrantError
 
 PUSHED = (ROOT / "examples" / "criteo_hash.toml").read_text()
 
 
-@pytest.fixture
-def pushed(tmp_path, data):
-    """A server for the hash pipeline with pushed input, and the rows to push."""
+def pushed_server(tmp_path, data, *extra):
+    """A server for the hash pipeline taking pushed input (state fitted on `data`)."""
     path, _ = data
     files = tmp_path / "files.toml"
     files.write_text(PUSHED)
@@ -23,9 +21,14 @@ def pushed(tmp_path, data):
     hydrant("fit", "--pipeline", files, "--input", path, "--out", state)
     flight_toml = tmp_path / "pushed.toml"
     flight_toml.write_text('input = "flight"\n' + PUSHED)
-    s = Server("--pipeline", flight_toml, "--state", state, "--ranks", "2",
-               "--batch-size", "1000")
-    yield s, pq.read_table(path)
+    return Server("--pipeline", flight_toml, "--state", state, *extra)
+
+
+@pytest.fixture
+def pushed(tmp_path, data):
+    """A server for the hash pipeline with pushed input, and the rows to push."""
+    s = pushed_server(tmp_path, data, "--ranks", "2", "--batch-size", "1000")
+    yield s, pq.read_table(data[0])
     s.stop()
 
 
@@ -79,13 +82,7 @@ def test_a_batch_of_the_wrong_schema_is_rejected_whole(pushed):
 
 def test_a_too_large_message_is_resource_exhausted(tmp_path, data):
     path, _ = data
-    files = tmp_path / "files.toml"
-    files.write_text(PUSHED)
-    state = tmp_path / "state.json"
-    hydrant("fit", "--pipeline", files, "--input", path, "--out", state)
-    flight_toml = tmp_path / "pushed.toml"
-    flight_toml.write_text('input = "flight"\n' + PUSHED)
-    s = Server("--pipeline", flight_toml, "--state", state, "--max-message-bytes", "200000")
+    s = pushed_server(tmp_path, data, "--max-message-bytes", "200000")
     try:
         client = Client(s.uri)
         table = pq.read_table(path)
