@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use hydrant_operators::{
@@ -38,6 +39,9 @@ use crate::source::Inputs;
 /// Longest a waiting worker sleeps between looks (it wakes early when data arrives), so a
 /// worker held up by a full loader does not spin.
 const PARK: Duration = Duration::from_millis(1);
+
+/// How often `execute` calls its `on_tick` while the job runs.
+const TICK: Duration = Duration::from_millis(100);
 
 /// Batches of `batch_rows` a reader may run ahead of the router, beyond its own unit.
 pub const IN_FLIGHT: u64 = 4;
@@ -186,20 +190,28 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
     let process = cluster.process;
     let errors = job.errors.clone();
     let job = Arc::new(job);
-    let done = Arc::new(AtomicU64::new(0));
-    let (job2, errors2, done2) = (job.clone(), errors.clone(), done.clone());
+    // Each worker says when it is done, so the job ends the moment the last one does (a
+    // sleep-and-check loop here once added 50 ms to every run on average).
+    let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(cluster.workers);
+    let (job2, errors2) = (job.clone(), errors.clone());
+    let done_tx = std::sync::Mutex::new(done_tx);
     let guards = timely::execute(config, move |worker| {
         let result = run_worker(worker, &job2, process, &errors2);
         if let Err(e) = &result {
             errors2.set("worker", e);
         }
-        done2.fetch_add(1, Ordering::SeqCst);
+        let _ = done_tx.lock().map(|tx| tx.send(()));
         result
     })
     .map_err(Error::Dataflow)?;
-    while done.load(Ordering::SeqCst) < cluster.workers as u64 {
-        on_tick();
-        std::thread::sleep(Duration::from_millis(100));
+    let mut finished = 0;
+    while finished < cluster.workers {
+        match done_rx.recv_timeout(TICK) {
+            Ok(()) => finished += 1,
+            Err(RecvTimeoutError::Timeout) => on_tick(),
+            // Every worker's sender is gone: they have all returned.
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
     }
     let mut total = Report::default();
     for r in guards.join() {
@@ -428,8 +440,9 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
         // A failure is held until after the exchange below: every worker must take part in
         // it, or the others would wait for this worker's statistics forever.
         let mut failed = None;
+        let columns = fitter.columns();
         'units: for unit in job.inputs.units().iter().skip(index).step_by(peers) {
-            let batches = match job.inputs.read(unit) {
+            let batches = match job.inputs.read_columns(unit, Some(&columns)) {
                 Ok(b) => b,
                 Err(e) => {
                     failed = Some(e);

@@ -179,7 +179,26 @@ impl Inputs {
 
     /// Reads one unit as batches carrying `row_id`.
     pub fn read(&self, unit: &Unit) -> Result<Box<dyn Iterator<Item = Result<Batch>> + Send>> {
+        self.read_columns(unit, None)
+    }
+
+    /// Reads one unit as batches carrying `row_id` and, where `only` names some, just those
+    /// of the prepared columns (fitting the mean of a few columns decodes only those).
+    pub fn read_columns(
+        &self,
+        unit: &Unit,
+        only: Option<&[String]>,
+    ) -> Result<Box<dyn Iterator<Item = Result<Batch>> + Send>> {
         let f = &self.files[unit.file];
+        let projection = match (&self.projection[unit.file], only) {
+            (Some(p), Some(only)) => Some(
+                p.iter()
+                    .copied()
+                    .filter(|&i| only.contains(f.schema.field(i).name()))
+                    .collect(),
+            ),
+            (p, _) => p.clone(),
+        };
         let path = f.path.clone();
         let input_err = move |e: &dyn std::fmt::Display| Error::Input {
             path: path.clone(),
@@ -194,16 +213,15 @@ impl Inputs {
                     ParquetRecordBatchReaderBuilder::new_with_metadata(file, reader.clone())
                         .with_batch_size(self.batch_rows)
                         .with_row_groups(vec![unit.row_group.unwrap_or(0)]);
-                if let Some(p) = &self.projection[unit.file] {
+                if let Some(p) = &projection {
                     let mask = ProjectionMask::roots(b.parquet_schema(), p.iter().copied());
                     b = b.with_projection(mask);
                 }
                 Box::new(b.build().map_err(|e| input_err(&e))?)
             }
-            Format::Ipc { .. } => Box::new(
-                read_ipc_mapped(&file, self.projection[unit.file].clone())
-                    .map_err(|e| input_err(&e))?,
-            ),
+            Format::Ipc { .. } => {
+                Box::new(read_ipc_mapped(&file, projection).map_err(|e| input_err(&e))?)
+            }
         };
         let (mut row, mut seq) = (unit.first_row, unit.first_seq);
         let end = unit.first_row + unit.rows;

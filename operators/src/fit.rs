@@ -116,6 +116,17 @@ impl Fitter {
         self.targets.is_empty()
     }
 
+    /// The input columns this pass reads, each once: a reader need decode no others.
+    pub fn columns(&self) -> Vec<String> {
+        let mut columns: Vec<String> = Vec::new();
+        for t in &self.targets {
+            if !columns.contains(&t.column) {
+                columns.push(t.column.clone());
+            }
+        }
+        columns
+    }
+
     /// Adds a batch's values to every statistic.
     pub fn update(&mut self, batch: &RecordBatch) -> Result<()> {
         for t in &mut self.targets {

@@ -19,15 +19,31 @@ pub struct Moments {
     pub m2: f64,
 }
 
+/// Sums `f(v)` over `values` in eight independent lanes: a plain `sum` is one chain of
+/// dependent additions (the compiler may not reorder float adds), eight lanes vectorize.
+#[inline(always)]
+fn lane_sum(values: &[f64], f: impl Fn(f64) -> f64) -> f64 {
+    let mut lanes = [0f64; 8];
+    let mut chunks = values.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(chunk) {
+            *l += f(v);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    lanes.iter().sum::<f64>() + tail
+}
+
 impl Moments {
     /// Adds a slice of values (two passes over it: it is a cache-resident chunk).
+    #[inline]
     pub fn add(&mut self, values: &[f64]) {
         if values.is_empty() {
             return;
         }
         let n = values.len() as f64;
-        let mean = values.iter().sum::<f64>() / n;
-        let m2 = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>();
+        let mean = lane_sum(values, |v| v) / n;
+        let m2 = lane_sum(values, |v| (v - mean) * (v - mean));
         self.merge(&Moments {
             count: values.len() as u64,
             mean,
@@ -94,6 +110,7 @@ pub enum Partial {
 
 impl Partial {
     /// Adds finite, present numeric values.
+    #[inline]
     pub fn add_numbers(&mut self, values: &[f64]) {
         match self {
             Partial::Moments(m) => m.add(values),

@@ -238,7 +238,7 @@ pub fn chain_visit(
     mut visit: impl FnMut(&[f64]),
 ) {
     let mut kept = Vec::with_capacity(CHUNK);
-    for_each_chunk(values, nulls, ops, |_, buf, missing| {
+    dispatch!(for_each_chunk(values, nulls, ops, |_, buf, missing| {
         kept.clear();
         match missing {
             None => kept.extend(buf.iter().copied().filter(|v| v.is_finite())),
@@ -250,7 +250,7 @@ pub fn chain_visit(
             ),
         }
         visit(&kept);
-    })
+    }))
 }
 
 #[cfg(test)]
