@@ -1,5 +1,7 @@
 //! Kernel throughput: the fused numeric chain, standardize→clip, vocab and hash_bucket on
-//! dictionary-encoded strings, swept over null density. `cargo bench -p hydrant-operators`.
+//! dictionary-encoded strings, swept over null density, and assembly of 13 columns into one
+//! `[rows, 13]` float32 tensor. `cargo bench -p hydrant-operators --bench kernels`; the
+//! peer figures (NumPy doing the same math in place) come from `bench/peers/numpy_kernels.py`.
 
 use std::hint::black_box;
 
@@ -116,5 +118,36 @@ fn strings(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, numeric, strings);
+/// Thirteen columns (10% nulls) through the fused chain into one row-major `[rows, 13]`
+/// float32 buffer: what a dense group's transform does.
+fn assembly(c: &mut Criterion) {
+    const COLUMNS: usize = 13;
+    let columns: Vec<_> = (0..COLUMNS).map(|_| column(0.1)).collect();
+    let ops = [
+        NumOp::FillNull(0.0),
+        NumOp::Log1p,
+        NumOp::Affine { sub: 2.5, mul: 0.7 },
+        NumOp::Clip { lo: -3.0, hi: 3.0 },
+    ];
+    let mut out = vec![0f32; ROWS * COLUMNS];
+    let mut g = c.benchmark_group("assembly");
+    g.throughput(Throughput::Elements((ROWS * COLUMNS) as u64));
+    g.bench_function("dense_13", |b| {
+        b.iter(|| {
+            for (j, (values, nulls)) in columns.iter().enumerate() {
+                chain_to_f32(
+                    black_box(values),
+                    nulls.as_ref(),
+                    &ops,
+                    &mut out,
+                    COLUMNS,
+                    j,
+                );
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, numeric, strings, assembly);
 criterion_main!(benches);

@@ -1,6 +1,6 @@
 """End to end through `hydrant serve`: from starting the server on a raw Parquet file (fit
 included) until two concurrent pyarrow clients have received both ranks. The peer of
-../shared/bench/polars_flight.py (same featurization with examples/criteo_hash.toml).
+bench/peers/polars_flight.py (same featurization with examples/criteo_hash.toml).
 
 usage: python serve_e2e.py IN.parquet [HYDRANT_BIN] [PIPELINE]   (prints one JSON line)
 """

@@ -1,0 +1,24 @@
+"""The featurized batches both Flight benchmarks serve, and the pull both clients make."""
+import numpy as np
+import pyarrow as pa
+
+
+def featurized_table(rows):
+    """label float32, dense [13] float32, ids [26] int64: a Criteo pipeline's output."""
+    rng = np.random.default_rng(1)
+    return pa.table({
+        "label": pa.array(rng.integers(0, 2, rows).astype(np.float32)),
+        "dense": pa.FixedSizeListArray.from_arrays(
+            pa.array(rng.standard_normal(rows * 13).astype(np.float32)), 13),
+        "ids": pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 1 << 18, rows * 26)), 26),
+    })
+
+
+def pull(client, ticket):
+    """One DoGet to the end: (rows, bytes of label, dense and ids)."""
+    rows = nbytes = 0
+    for chunk in client.do_get(ticket):
+        b = chunk.data
+        rows += b.num_rows
+        nbytes += sum(b.column(c).nbytes for c in ("label", "dense", "ids"))
+    return rows, nbytes

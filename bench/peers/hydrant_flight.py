@@ -1,0 +1,59 @@
+"""A pyarrow client pulling featurized batches through `hydrant serve` (a pass-through
+pipeline over an Arrow IPC file of the same label/dense/ids batches flight_pyarrow.py
+serves from memory), counting the same bytes.
+
+usage: python hydrant_flight.py HYDRANT_BIN [ROWS] [PULLS]   (prints one JSON line)
+"""
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from featurized import featurized_table, pull
+
+binary = sys.argv[1]
+rows = int(sys.argv[2]) if len(sys.argv) > 2 else 31 * 65536
+pulls = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+table = featurized_table(rows)
+tmp = pathlib.Path(tempfile.mkdtemp())
+data = tmp / "featurized.arrow"
+with pa.OSFile(str(data), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+    for b in table.to_batches(max_chunksize=65536):
+        w.write_batch(b)
+toml = tmp / "pass.toml"
+toml.write_text("""name = "pass"
+label = { column = "label", type = "float32" }
+batch_rows = 65536
+[[group]]
+name = "dense"
+kind = "dense"
+columns = ["dense"]
+[[group]]
+name = "ids"
+kind = "ids"
+columns = ["ids"]
+""")
+server = subprocess.Popen(
+    [binary, "serve", "--pipeline", str(toml), "--input", str(data), "--listen", "127.0.0.1:0",
+     "--ranks", "1", "--batch-size", "65536"], stdout=subprocess.PIPE, text=True)
+try:
+    ready = json.loads(server.stdout.readline())
+    client = fl.connect("grpc://" + ready["listening"])
+    ticket = fl.Ticket(json.dumps({"pipeline": "pass", "rank": 0, "world_size": 1}).encode())
+    rates, n, nbytes = [], 0, 0
+    for _ in range(pulls):
+        t0 = time.perf_counter()
+        n, nbytes = pull(client, ticket)
+        rates.append(nbytes / (time.perf_counter() - t0))
+finally:
+    server.terminate()
+    server.wait()
+print(json.dumps({"peer": "hydrant_flight", "rows": n, "bytes": nbytes,
+                  "median_gb_per_s": round(statistics.median(rates) / 1e9, 3),
+                  "best_gb_per_s": round(max(rates) / 1e9, 3)}))
