@@ -142,6 +142,8 @@ def run_flight(args):
         runs["hydrant serve"].append(measure([PY, PEERS / "hydrant_flight.py", HYDRANT, rows, pulls]))
         runs["pyarrow C++ server"].append(measure([PY, PEERS / "flight_pyarrow.py", rows, pulls]))
         for name, r in runs.items():
+            if r[-1]["rows"] != args.flight_rows:
+                raise RuntimeError(f"{name}: pulled {r[-1]['rows']} rows of {args.flight_rows}")
             print(f"  {name:20} {r[-1]['median_gb_per_s']} GB/s", flush=True)
     return runs
 
@@ -158,9 +160,11 @@ def run_kernels(args):
     timing = (["--warm-up-time", "0.05", "--measurement-time", "0.1", "--sample-size", "10"]
               if args.smoke else ["--warm-up-time", "1", "--measurement-time", "2"])
     print("kernels: cargo bench", flush=True)
-    subprocess.run(["cargo", "bench", "--quiet", "-p", "hydrant-operators", "--bench", "kernels",
-                    "--bench", "batch_size", "--", "--noplot", *timing],
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    bench = subprocess.run(["cargo", "bench", "--quiet", "-p", "hydrant-operators", "--bench",
+                            "kernels", "--bench", "batch_size", "--", "--noplot", *timing],
+                           cwd=ROOT, capture_output=True, text=True)
+    if bench.returncode != 0:
+        raise RuntimeError(f"cargo bench failed ({bench.returncode}):\n{bench.stderr[-3000:]}")
     numpy.append(measure([PY, PEERS / "numpy_kernels.py", *quick])["values_per_s"])
     hydrant = {}
     for bench in criterion_dir.glob("*/**/new/benchmark.json"):
@@ -171,6 +175,9 @@ def run_kernels(args):
         key = "/".join(p for p in (meta["group_id"], meta.get("function_id"), meta.get("value_str")) if p)
         hydrant[key] = meta["throughput"]["Elements"] / (median_ns * 1e-9)
     best_numpy = {k: max(run[k] for run in numpy) for k in numpy[0]}
+    missing = [c for c, n, _, _ in report.KERNELS if c not in hydrant or n not in best_numpy]
+    if missing:
+        raise RuntimeError(f"no figure for kernels {missing}")
     return {"hydrant": hydrant, "numpy": best_numpy}
 
 
@@ -196,8 +203,11 @@ def main():
     out = args.out or (pathlib.Path(tempfile.mkdtemp(prefix="hydrant-bench-")) if args.smoke else ROOT)
     work = pathlib.Path(tempfile.mkdtemp(prefix="hydrant-bench-data-"))
     started = time.time()
+    # A run of some sections keeps the others' figures from the last run into the same place.
+    previous = out / "bench" / "results.json"
+    results = json.loads(previous.read_text()) if previous.exists() and not args.smoke else {}
+    results["args"] = {k: str(v) for k, v in vars(args).items()}
     try:
-        results = {"args": {k: str(v) for k, v in vars(args).items()}}
         if "e2e" in args.only:
             results["e2e"] = run_e2e(args, work)
         if "flight" in args.only:
@@ -207,6 +217,7 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["seconds"] = round(time.time() - started)
+    results["date"] = time.strftime("%Y-%m-%d %H:%M")
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / "results.json").write_text(json.dumps(results, indent=1, default=str))
     report.write(results, args, out)

@@ -5,12 +5,17 @@
 
 use std::hint::black_box;
 
-use arrow::array::{DictionaryArray, StringArray};
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, DictionaryArray, Float64Array, RecordBatch, StringArray, UInt64Array,
+};
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::Int32Type;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use hydrant_operators::kernels::categorical::{DictCache, Lookup, VocabIndex, strings_to_index};
 use hydrant_operators::kernels::numeric::{NumOp, chain_to_f32};
+use hydrant_operators::{FeatureGroup, FeaturePlan, FittedState, GroupKind, ROW_ID, Step};
 use rand::{RngExt, SeedableRng};
 
 const ROWS: usize = 65_536;
@@ -118,33 +123,46 @@ fn strings(c: &mut Criterion) {
     g.finish();
 }
 
-/// Thirteen columns (10% nulls) through the fused chain into one row-major `[rows, 13]`
-/// float32 buffer: what a dense group's transform does.
+/// Thirteen columns (10% nulls) through fill_null→log1p→standardize→clip into one row-major
+/// `[rows, 13]` float32 tensor: a dense group's whole transform, allocation included.
 fn assembly(c: &mut Criterion) {
     const COLUMNS: usize = 13;
-    let columns: Vec<_> = (0..COLUMNS).map(|_| column(0.1)).collect();
-    let ops = [
-        NumOp::FillNull(0.0),
-        NumOp::Log1p,
-        NumOp::Affine { sub: 2.5, mul: 0.7 },
-        NumOp::Clip { lo: -3.0, hi: 3.0 },
-    ];
-    let mut out = vec![0f32; ROWS * COLUMNS];
+    let names: Vec<String> = (0..COLUMNS).map(|i| format!("i{i}")).collect();
+    let mut arrays: Vec<(String, ArrayRef)> = vec![(
+        ROW_ID.into(),
+        Arc::new(UInt64Array::from_iter_values(0..ROWS as u64)),
+    )];
+    for name in &names {
+        let (values, nulls) = column(0.1);
+        arrays.push((
+            name.clone(),
+            Arc::new(Float64Array::new(values.into(), nulls)),
+        ));
+    }
+    let batch = RecordBatch::try_from_iter(arrays).unwrap();
+    let steps = ["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"];
+    let group = FeatureGroup::new(
+        "dense",
+        GroupKind::Dense,
+        &names.iter().map(String::as_str).collect::<Vec<_>>(),
+        steps.map(|s| Step::parse(s).unwrap()).to_vec(),
+    );
+    let input = batch
+        .schema()
+        .project(&(1..=COLUMNS).collect::<Vec<_>>())
+        .unwrap();
+    let plan = FeaturePlan::compile("assembly", &[group], None, &input).unwrap();
+    let mut fitter = plan.fitter(0, &FittedState::empty("assembly")).unwrap();
+    fitter.update(&batch).unwrap();
+    let mut params = Default::default();
+    fitter.into_partial().unwrap().finish(&mut params);
+    let mut transformer = plan
+        .transformer(&FittedState::new("assembly", params))
+        .unwrap();
     let mut g = c.benchmark_group("assembly");
     g.throughput(Throughput::Elements((ROWS * COLUMNS) as u64));
     g.bench_function("dense_13", |b| {
-        b.iter(|| {
-            for (j, (values, nulls)) in columns.iter().enumerate() {
-                chain_to_f32(
-                    black_box(values),
-                    nulls.as_ref(),
-                    &ops,
-                    &mut out,
-                    COLUMNS,
-                    j,
-                );
-            }
-        })
+        b.iter(|| transformer.apply(black_box(&batch)).unwrap())
     });
     g.finish();
 }

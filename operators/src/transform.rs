@@ -1,5 +1,6 @@
 //! `Transformer`: a [`FeaturePlan`] bound to fitted parameters, applied batch by batch.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -212,8 +213,10 @@ impl Transformer {
             let tensor: ArrayRef = match g.spec.kind {
                 GroupKind::Dense => {
                     let mut values = vec![0f32; rows * width];
-                    for c in cols.iter_mut() {
-                        dense_column(batch, name, c, width, &mut self.scratch, &mut values)?;
+                    for (part, out) in row_blocks(batch, cols, width, &mut values)? {
+                        for c in cols.iter_mut() {
+                            dense_column(&part, name, c, width, &mut self.scratch, out)?;
+                        }
                     }
                     let item = Arc::new(Field::new_list_field(DataType::Float32, false));
                     Arc::new(FixedSizeListArray::try_new(
@@ -224,6 +227,8 @@ impl Transformer {
                     )?)
                 }
                 GroupKind::Ids => {
+                    // Not cut into blocks: a column's ids come from one lookup over the
+                    // whole batch, whose per-call cost outweighed the cache misses.
                     let mut values = vec![0i64; rows * width];
                     for c in cols.iter_mut() {
                         if let Bound::Tensor = c.bound {
@@ -247,6 +252,44 @@ impl Transformer {
         }
         Ok(RecordBatch::try_new(self.plan.output_schema(), out)?)
     }
+}
+
+/// Rows per block when a group's tensor is assembled: every column of the group writes
+/// its slots of one block before the next block starts, so the block's part of the tensor
+/// (at most 512 × width values) stays in cache while the columns interleave into it;
+/// column after column over the whole batch streamed the tensor through memory once per
+/// column (13 columns into `[65536, 13]`: 252 M values/s, against 572 M/s for one column).
+const BLOCK_ROWS: usize = 512;
+
+/// The batch cut into blocks of `BLOCK_ROWS` rows (zero-copy slices), each with its rows of
+/// the row-major `[rows, width]` tensor `values`.
+/// A batch of at most `BLOCK_ROWS` rows is its one block, as it is; a larger one is first
+/// cut down to the group's columns (slicing costs an allocation or two per column).
+fn row_blocks<'a, T>(
+    batch: &'a RecordBatch,
+    cols: &[BoundColumn],
+    width: usize,
+    values: &'a mut [T],
+) -> Result<impl Iterator<Item = (Cow<'a, RecordBatch>, &'a mut [T])> + 'a> {
+    let group = if batch.num_rows() <= BLOCK_ROWS {
+        None
+    } else {
+        let indices = cols
+            .iter()
+            .filter_map(|c| batch.schema_ref().index_of(&c.name).ok())
+            .collect::<Vec<_>>();
+        Some(batch.project(&indices)?)
+    };
+    Ok(values
+        .chunks_mut(BLOCK_ROWS * width.max(1))
+        .enumerate()
+        .map(move |(b, out)| match &group {
+            None => (Cow::Borrowed(batch), out),
+            Some(g) => (
+                Cow::Owned(g.slice(b * BLOCK_ROWS, out.len() / width.max(1))),
+                out,
+            ),
+        }))
 }
 
 /// A ready tensor column, checked to be a non-null list of the group's item type.
