@@ -51,6 +51,7 @@ mod state;
 mod stats;
 mod step;
 mod transform;
+mod vocabulary;
 
 pub use batch::Batch;
 pub use error::{OpError, Result};
@@ -62,3 +63,4 @@ pub use state::{FittedParam, FittedState, STATE_FORMAT};
 pub use stats::{Moments, Partial};
 pub use step::Step;
 pub use transform::Transformer;
+pub use vocabulary::Vocabulary;

@@ -280,7 +280,7 @@ mod tests {
                 panic!()
             };
             assert_eq!(
-                values,
+                values.iter().collect::<Vec<_>>(),
                 reference::vocab(&refs, max_size, min_count),
                 "{max_size:?} {min_count}"
             );

@@ -17,6 +17,7 @@ use crate::kernels::numeric::{NumOp, chain_to_bucket, chain_to_f32};
 use crate::plan::{FeaturePlan, ROW_ID, Source};
 use crate::state::{FittedParam, FittedState};
 use crate::step::Step;
+use crate::vocabulary::Vocabulary;
 
 /// How one column becomes tensor values.
 #[derive(Debug, Clone)]
@@ -138,7 +139,7 @@ impl FeaturePlan {
     /// parallel. Stops at the first column whose parameter is missing or wrong (binding
     /// reports it).
     fn build_vocabs(&self, state: &FittedState) -> Vec<VocabIndex> {
-        let mut lists: Vec<&[String]> = Vec::new();
+        let mut lists: Vec<&Vocabulary> = Vec::new();
         'groups: for g in &self.groups {
             let steps = &g.spec.steps;
             let chain_end = match steps.last() {

@@ -4,42 +4,73 @@
 //! distinct value and then gathered by key; a [`DictCache`] remembers the last dictionary,
 //! because a Parquet reader hands the same dictionary to every batch of a row group.
 
-use std::collections::HashMap;
-
 use arrow::array::{Array, ArrayRef, AsArray, Int32Array, Int64Array};
 use arrow::datatypes::DataType;
 
 use crate::error::{OpError, Result};
+use crate::vocabulary::Vocabulary;
 
 /// A deterministic fast hasher: hashing here is for lookups, not for anything an
 /// adversary can aim at, and the output must not depend on the process.
 type FastHash = foldhash::fast::FixedState;
 
 /// A fitted vocabulary ready for lookups.
+///
+/// The table holds only indices into the [`Vocabulary`]'s one buffer (hashbrown's
+/// `HashTable` is what lets a table of indices be searched by the bytes they point at):
+/// no allocation per value, so binding a state of hundreds of thousands of values is a
+/// copy and one pass of hashing.
 #[derive(Debug, Clone)]
 pub struct VocabIndex {
-    map: HashMap<Box<[u8]>, i64, FastHash>,
+    values: Vocabulary,
+    table: hashbrown::HashTable<u32>,
 }
 
 impl VocabIndex {
-    /// Indexes `values`, where position is the index.
-    pub fn new(values: &[String]) -> Self {
-        let mut map = HashMap::with_capacity_and_hasher(values.len(), FastHash::default());
-        for (i, v) in values.iter().enumerate() {
-            map.insert(v.as_bytes().into(), i as i64);
+    /// Indexes `values`, where position is the index (of a repeated value, the first).
+    pub fn new(values: &Vocabulary) -> Self {
+        let values = values.clone();
+        let mut table = hashbrown::HashTable::with_capacity(values.len());
+        for (i, value) in values.iter().enumerate() {
+            let h = hash(value.as_bytes());
+            let bytes = value.as_bytes();
+            let seen = table
+                .find(h, |&j: &u32| value_bytes(&values, j) == bytes)
+                .is_some();
+            if !seen {
+                table.insert_unique(h, i as u32, |&j: &u32| hash(value_bytes(&values, j)));
+            }
         }
-        VocabIndex { map }
+        VocabIndex { values, table }
     }
 
     /// The number of values: also the index of unseen and null values.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.values.len()
     }
 
     /// Whether the vocabulary is empty.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.values.is_empty()
     }
+
+    #[inline]
+    fn find(&self, hash: u64, bytes: &[u8]) -> Option<i64> {
+        self.table
+            .find(hash, |&j| value_bytes(&self.values, j) == bytes)
+            .map(|&j| j as i64)
+    }
+}
+
+#[inline]
+fn value_bytes(values: &Vocabulary, i: u32) -> &[u8] {
+    values.get(i as usize).unwrap_or_default().as_bytes()
+}
+
+#[inline]
+fn hash(bytes: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    FastHash::default().hash_one(bytes)
 }
 
 /// How a string becomes an index.
@@ -55,7 +86,7 @@ impl Lookup {
     #[inline]
     fn index(&self, bytes: &[u8]) -> i64 {
         match self {
-            Lookup::Vocab(v) => v.map.get(bytes).copied().unwrap_or(v.len() as i64),
+            Lookup::Vocab(v) => v.find(hash(bytes), bytes).unwrap_or(v.len() as i64),
             Lookup::Hash(n) => (xxhash_rust::xxh64::xxh64(bytes, 0) % n) as i64,
         }
     }
@@ -223,7 +254,10 @@ mod tests {
             let data = words(n, n as u64);
             let refs: Vec<Option<&str>> = data.iter().map(|s| s.as_deref()).collect();
             let vocab = reference::vocab(&refs, Some(20), 1);
-            let lookups = [Lookup::Vocab(VocabIndex::new(&vocab)), Lookup::Hash(17)];
+            let lookups = [
+                Lookup::Vocab(VocabIndex::new(&vocab.iter().collect())),
+                Lookup::Hash(17),
+            ];
             let plain: ArrayRef = Arc::new(StringArray::from(refs.clone()));
             let view: ArrayRef = Arc::new(StringViewArray::from(refs.clone()));
             let dict: ArrayRef =
@@ -267,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_new_dictionary_is_mapped_again() {
-        let lookup = Lookup::Vocab(VocabIndex::new(&["a".to_string(), "b".to_string()]));
+        let lookup = Lookup::Vocab(VocabIndex::new(&["a", "b"].into_iter().collect()));
         let mut cache = DictCache::default();
         let mut out = vec![0; 2];
         let d1: DictionaryArray<Int32Type> = vec!["a", "b"].into_iter().collect();
