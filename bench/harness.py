@@ -31,21 +31,22 @@ SLOW_S = 60.0
 def measure(argv, env=None):
     """Runs argv to the end, sampling the RSS of its whole process tree every 5 ms.
 
-    Returns the last stdout line as JSON plus `wall_s` and `peak_tree_mb`; a failing
-    command raises with its stderr.
+    Returns the last stdout line as JSON plus `wall_s`, `peak_tree_mb` and `late_median_mb`
+    (the median of the samples in the run's second half: where memory settles, which a
+    peak — the largest of many samples of a fluctuating figure — overstates more the
+    longer a run is); a failing command raises with its stderr.
     """
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=ROOT)
-    peak, done = 0, threading.Event()
+    samples, done = [], threading.Event()
 
     def sample():
-        nonlocal peak
         root = psutil.Process(proc.pid)
         while not done.is_set():
             try:
                 tree = [root] + root.children(recursive=True)
-                peak = max(peak, sum(p.memory_info().rss for p in tree))
+                samples.append(sum(p.memory_info().rss for p in tree))
             except psutil.Error:
                 pass
             done.wait(0.005)
@@ -60,7 +61,9 @@ def measure(argv, env=None):
         raise RuntimeError(f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
     result["wall_s"] = round(wall, 3)
-    result["peak_tree_mb"] = round(peak / 2**20, 1)
+    result["peak_tree_mb"] = round(max(samples, default=0) / 2**20, 1)
+    late = samples[len(samples) // 2:]
+    result["late_median_mb"] = round(statistics.median(late) / 2**20, 1) if late else None
     return result
 
 
