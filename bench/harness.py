@@ -197,7 +197,7 @@ def main():
                     help="largest input the slow Spark modes (pandas_udf, udf) run on")
     ap.add_argument("--flight-rows", type=int, default=31 * 65536)
     ap.add_argument("--only", nargs="*", default=["e2e", "flight", "kernels"],
-                    help="sections to run")
+                    help="sections to run (none: rewrite BENCHMARKS.md from the last figures)")
     ap.add_argument("--out", type=pathlib.Path, help="where BENCHMARKS.md (and bench/charts, "
                     "bench/results.json) go: default the repository root; --smoke: a temporary folder")
     args = ap.parse_args()
@@ -209,7 +209,6 @@ def main():
     # A run of some sections keeps the others' figures from the last run into the same place.
     previous = out / "bench" / "results.json"
     results = json.loads(previous.read_text()) if previous.exists() and not args.smoke else {}
-    results["args"] = {k: str(v) for k, v in vars(args).items()}
     try:
         if "e2e" in args.only:
             results["e2e"] = run_e2e(args, work)
@@ -219,12 +218,16 @@ def main():
             results["kernels"] = run_kernels(args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    results["seconds"] = round(time.time() - started)
-    results["date"] = time.strftime("%Y-%m-%d %H:%M")
+    if args.only:
+        # The machine and the commit the figures were measured on (a run of no sections
+        # only rewrites BENCHMARKS.md from the last figures).
+        results["machine"] = report.machine()
+        results["args"] = {k: str(v) for k, v in vars(args).items()}
+        results["seconds"] = round(time.time() - started)
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / "results.json").write_text(json.dumps(results, indent=1, default=str))
     report.write(results, args, out)
-    print(f"wrote {out / 'BENCHMARKS.md'} in {results['seconds']} s")
+    print(f"wrote {out / 'BENCHMARKS.md'} in {round(time.time() - started)} s")
 
 
 if __name__ == "__main__":

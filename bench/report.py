@@ -67,7 +67,7 @@ def write(results, args, out):
         "Regenerate with `bench/run` (about half an hour here); `bench/run --smoke` is the quick "
         "check CI runs.",
         "",
-        f"**Machine:** {machine()}.",
+        f"**Machine:** {results.get('machine') or machine()}.",
         "",
         f"**Run:** {results['args']}, {results['seconds']} s in all.",
         "",
