@@ -25,7 +25,7 @@ use hydrant_operators::{
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::vec::{Broadcast, Input};
-use timely::dataflow::operators::{Exchange, Inspect, Operator, Probe};
+use timely::dataflow::operators::{Exchange, Operator, Probe};
 use timely::dataflow::{InputHandle, ProbeHandle};
 use timely::worker::Worker;
 
@@ -467,13 +467,15 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
         let probe = ProbeHandle::new();
         let g = gathered.clone();
         worker.dataflow::<u64, _, _>(|scope| {
+            // Taken by value: a vocabulary's partial counts are large, and copying each
+            // out of the stream (as `inspect` would) was a fifth of the fit's time.
             scope
                 .input_from(&mut input)
                 .broadcast()
-                .inspect(move |p: &(usize, Result<FitPartial, String>)| {
-                    g.borrow_mut().push(p.clone())
-                })
-                .probe_with(&probe);
+                .probe_with(&probe)
+                .sink(Pipeline, "GatherFit", move |(input, _)| {
+                    input.for_each(|_, data| g.borrow_mut().extend(data.drain(..)))
+                });
         });
         let mine = match &failed {
             None => fitter.into_partial().map_err(|e| e.to_string()),
@@ -482,7 +484,7 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
         input.send((index, mine));
         input.advance_to(1);
         drop(input);
-        while !probe.done() {
+        while gathered.borrow().len() < peers || !probe.done() {
             worker.step_or_park(Some(PARK));
         }
         if let Some(e) = failed {
