@@ -42,18 +42,22 @@ def ratio(peer, ours):
     return "–" if not peer or not ours else f"{peer / ours:.1f}x"
 
 
+def commit():
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip()
+
+
 def machine():
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), platform.processor())
     mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
     rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout.strip()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
+    at = commit()
     versions = ", ".join(f"{p} {importlib.metadata.version(p)}"
                          for p in ("polars", "pyspark", "pyarrow", "numpy"))
     return (f"{os.cpu_count()} cores ({cpu}), {mem / 2**20:.0f} GiB memory, {platform.system()} "
             f"{platform.release()}; {rustc}; Python {platform.python_version()}, {versions}; "
-            f"hydrant at {commit}; {datetime.date.today()}")
+            f"hydrant at {at}; {datetime.date.today()}")
 
 
 def write(results, args, out):
@@ -69,7 +73,8 @@ def write(results, args, out):
         "",
         f"**Machine:** {results.get('machine') or machine()}.",
         "",
-        f"**Run:** {results['args']}, {results['seconds']} s in all.",
+        f"**Last run:** {results['args']}, {results['seconds']} s in all. Sections measured at: "
+        + ", ".join(f"{s} {c}" for s, c in results.get("measured_at", {}).items()) + ".",
         "",
     ]
     targets = []
