@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 
 use crate::error::{OpError, Result};
 use crate::vocabulary::Vocabulary;
@@ -40,17 +39,6 @@ pub enum FittedParam {
         /// Values; a value's position is its index.
         values: Vocabulary,
     },
-}
-
-/// A state's JSON with its parameters not yet parsed (see [`FittedState::from_json`]).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawState<'a> {
-    format: u32,
-    pipeline: String,
-    version: u64,
-    #[serde(borrow)]
-    params: BTreeMap<String, &'a RawValue>,
 }
 
 /// Everything fitting learned for one pipeline.
@@ -91,53 +79,15 @@ impl FittedState {
     }
 
     /// Reads a state from JSON, checking its format.
-    ///
-    /// The parameters are parsed on every core: a state with vocabularies is megabytes of
-    /// strings, and parsing it is on the way to a trainer's first batch.
     pub fn from_json(text: &str) -> Result<Self> {
-        let raw: RawState = serde_json::from_str(text)?;
-        if raw.format != STATE_FORMAT {
+        let state: FittedState = serde_json::from_str(text)?;
+        if state.format != STATE_FORMAT {
             return Err(OpError::State(format!(
                 "format {} is not supported (expected {STATE_FORMAT})",
-                raw.format
+                state.format
             )));
         }
-        let entries: Vec<(String, &RawValue)> = raw.params.into_iter().collect();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // Contiguous runs of about equal bytes, one per core.
-        let total: usize = entries.iter().map(|(_, v)| v.get().len()).sum();
-        let share = total.div_ceil(cores).max(1);
-        let mut runs: Vec<&[(String, &RawValue)]> = Vec::new();
-        let (mut start, mut bytes) = (0, 0);
-        for (i, (_, v)) in entries.iter().enumerate() {
-            bytes += v.get().len();
-            if bytes >= share || i + 1 == entries.len() {
-                runs.push(&entries[start..=i]);
-                (start, bytes) = (i + 1, 0);
-            }
-        }
-        let parsed = std::thread::scope(|s| {
-            let handles: Vec<_> = runs
-                .iter()
-                .map(|run| {
-                    s.spawn(move || {
-                        run.iter()
-                            .map(|(k, v)| Ok((k.clone(), serde_json::from_str(v.get())?)))
-                            .collect::<Result<Vec<(String, FittedParam)>>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect::<Result<Vec<_>>>()
-        })?;
-        Ok(FittedState {
-            format: raw.format,
-            pipeline: raw.pipeline,
-            version: raw.version,
-            params: parsed.into_iter().flatten().collect(),
-        })
+        Ok(state)
     }
 
     /// The state as pretty JSON.

@@ -1,6 +1,7 @@
 //! A fitted vocabulary's values, in index order, kept in one buffer.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -9,9 +10,13 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 ///
 /// All values share one string buffer: a vocabulary of hundreds of thousands of values is
 /// two allocations rather than one per value, which is what made loading (and dropping) a
-/// fitted state slow. It reads and writes as a JSON array of strings.
+/// fitted state slow. The buffer is shared: a clone (an index bound to the state) costs
+/// no copy. It reads and writes as a JSON array of strings.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct Vocabulary {
+pub struct Vocabulary(Arc<Values>);
+
+#[derive(Clone, Default, PartialEq, Eq)]
+struct Values {
     text: String,
     /// Value `i` is `text[ends[i - 1]..ends[i]]` (from 0 for the first).
     ends: Vec<usize>,
@@ -25,32 +30,35 @@ impl Vocabulary {
 
     /// Appends a value (its index is the length before).
     pub fn push(&mut self, value: &str) {
-        self.text.push_str(value);
-        self.ends.push(self.text.len());
+        let v = Arc::make_mut(&mut self.0);
+        v.text.push_str(value);
+        v.ends.push(v.text.len());
     }
 
     /// The number of values.
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.0.ends.len()
     }
 
     /// Whether there are no values.
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.0.ends.is_empty()
     }
 
     /// The value at `index`.
     pub fn get(&self, index: usize) -> Option<&str> {
-        let end = *self.ends.get(index)?;
-        let start = if index == 0 { 0 } else { self.ends[index - 1] };
-        Some(&self.text[start..end])
+        let Values { text, ends } = self.0.as_ref();
+        let end = *ends.get(index)?;
+        let start = if index == 0 { 0 } else { ends[index - 1] };
+        Some(&text[start..end])
     }
 
     /// The values in index order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
-        (0..self.ends.len()).map(|i| {
-            let start = if i == 0 { 0 } else { self.ends[i - 1] };
-            &self.text[start..self.ends[i]]
+        let Values { text, ends } = self.0.as_ref();
+        (0..ends.len()).map(move |i| {
+            let start = if i == 0 { 0 } else { ends[i - 1] };
+            &text[start..ends[i]]
         })
     }
 }

@@ -18,8 +18,8 @@ type FastHash = foldhash::fast::FixedState;
 ///
 /// The table holds only indices into the [`Vocabulary`]'s one buffer (hashbrown's
 /// `HashTable` is what lets a table of indices be searched by the bytes they point at):
-/// no allocation per value, so binding a state of hundreds of thousands of values is a
-/// copy and one pass of hashing.
+/// no allocation per value and no copy of them, so binding a state of hundreds of
+/// thousands of values is one pass of hashing.
 #[derive(Debug, Clone)]
 pub struct VocabIndex {
     values: Vocabulary,
@@ -29,7 +29,7 @@ pub struct VocabIndex {
 impl VocabIndex {
     /// Indexes `values`, where position is the index (of a repeated value, the first).
     pub fn new(values: &Vocabulary) -> Self {
-        let values = values.clone();
+        let values = values.clone(); // shares the buffer
         let mut table = hashbrown::HashTable::with_capacity(values.len());
         for (i, value) in values.iter().enumerate() {
             let h = hash(value.as_bytes());
