@@ -1,5 +1,5 @@
-//! The delivery machinery on its own: cutting featurized batches into rank batches (in
-//! order and shuffled), turning rank batches into `TrainingBatch`es, and the loader hand-off
+//! The delivery machinery on its own: placing featurized batches and assembling rank
+//! batches from the pieces (in order and shuffled, as readers and owners do it), turning rank batches into `TrainingBatch`es, and the loader hand-off
 //! across threads. Compare with featurization's own rate (~2.7 M rows/s end to end on two
 //! cores). `cargo bench --bench delivery`.
 
@@ -9,10 +9,9 @@ use std::sync::Arc;
 use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use hydrant::epoch::{EpochPlan, LastBatch};
+use hydrant::delivery::{Assembler, LastBatch, Placement, RankBatch, split};
 use hydrant::loader::{self, LoaderConfig, TrainingBatch};
 use hydrant::operators::ErrorSlot;
-use hydrant::rebatch::{RankBatch, Rebatcher};
 
 const BATCH_ROWS: usize = 8192;
 const BATCHES: usize = 16;
@@ -66,16 +65,25 @@ fn featurized() -> Vec<RecordBatch> {
         .collect()
 }
 
-fn rebatch(batches: &[RecordBatch], shuffle: Option<usize>) -> Vec<RankBatch> {
-    let units = vec![BATCH_ROWS as u64; BATCHES];
-    let plan = Arc::new(EpochPlan::new(units, 2, 4096, LastBatch::Pad, 0, shuffle).unwrap());
-    let mut r = Rebatcher::new(plan, &schema(), 1).unwrap();
-    r.start_epoch(0, 0);
-    let mut out = Vec::new();
-    for b in batches {
-        r.push(b.clone(), &mut out).unwrap();
+/// One epoch through placement (every batch split by rank) and assembly (every rank's
+/// steps), as the dataflow's readers and owners do it, on one thread.
+fn deliver(batches: &[RecordBatch], window: Option<u64>) -> Vec<RankBatch> {
+    let placement = Placement::new(2, 4096, LastBatch::Pad, 0, window).unwrap();
+    let rows = ROWS as u64;
+    let mut owners: Vec<Assembler> = (0..2)
+        .map(|r| Assembler::new(placement, r, &schema(), 1, Some(rows), (0, 0)).unwrap())
+        .collect();
+    let (mut pieces, mut out) = (Vec::new(), Vec::new());
+    for (b, batch) in batches.iter().enumerate() {
+        let first = (b * BATCH_ROWS) as u64;
+        split(&placement, 0, rows, first, 0..rows, batch, &mut pieces);
+        for p in pieces.drain(..) {
+            owners[p.rank].push(&p).unwrap();
+        }
+        for o in &mut owners {
+            o.ready(&mut out).unwrap();
+        }
     }
-    r.finish_epoch(&mut out).unwrap();
     out
 }
 
@@ -83,13 +91,13 @@ fn benches(c: &mut Criterion) {
     let batches = featurized();
     let mut g = c.benchmark_group("delivery");
     g.throughput(Throughput::Elements(ROWS as u64));
-    g.bench_function("rebatch in order, 2 ranks x 4096", |b| {
-        b.iter(|| black_box(rebatch(&batches, None)))
+    g.bench_function("place + assemble in order, 2 ranks x 4096", |b| {
+        b.iter(|| black_box(deliver(&batches, None)))
     });
-    g.bench_function("rebatch shuffled, buffer 65536", |b| {
-        b.iter(|| black_box(rebatch(&batches, Some(65_536))))
+    g.bench_function("place + assemble shuffled, window 65536", |b| {
+        b.iter(|| black_box(deliver(&batches, Some(65_536))))
     });
-    let ranked = rebatch(&batches, None);
+    let ranked = deliver(&batches, None);
     g.bench_function("to TrainingBatch (host)", |b| {
         b.iter(|| {
             for rb in &ranked {

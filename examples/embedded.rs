@@ -57,7 +57,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let running = pipeline.start()?;
     std::thread::scope(|s| {
         for r in 0..RANKS {
-            let (loader, weights, grads, barrier) = (running.rank(r), &weights, &grads, &barrier);
+            let (loader, weights, grads, barrier) =
+                (&running.ranks()[r], &weights, &grads, &barrier);
             s.spawn(move || {
                 for batch in loader.batches() {
                     let batch = batch.expect("the pipeline failed");

@@ -1,14 +1,15 @@
 //! The timely dataflow: each worker reads its share of the input units, fitting (when no
-//! state is given) and then featurizing; worker 0 puts the batches in epoch order and cuts
-//! them into rank batches; each rank's batches go to a sink or a loader.
+//! state is given) and then featurizing; each featurized batch is placed row by row and
+//! split by destination rank; the worker that owns a rank assembles its steps and hands
+//! them to a sink or a loader of its process.
 //!
 //! ```text
-//! input (this worker's units) ─► featurize ─► exchange to worker 0 ─► route ─► exchange by rank ─► sink / loader
+//! input (this worker's units) ─► featurize ─► place ─► exchange to each rank's owner ─► own ─► sink / loader
 //! ```
 //!
-//! Readers run at most a window of rows ahead of the router (timestamps are positions in
-//! the epoch order), and sinks and loaders block when full, so memory is bounded by the
-//! window, the shuffle buffer and the queues, not by the input.
+//! Readers run at most a bounded distance (in positions) ahead of the slowest owner's next
+//! step, seen through a probe, and sinks and loaders block when full, so memory is bounded
+//! by that distance and the queues, not by the input, whatever the number of processes.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -29,10 +30,10 @@ use timely::dataflow::operators::{Exchange, Operator, Probe};
 use timely::dataflow::{InputHandle, ProbeHandle};
 use timely::worker::Worker;
 
+use crate::delivery::{Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own};
 use crate::error::{Error, Result};
+use crate::fate::{self, Fate};
 use crate::loader::LoaderFeed;
-use crate::rebatch::{RankBatch, delivery_schema};
-use crate::route::{Delivery, route};
 use crate::sink::{BatchSink, SinkSpec};
 use crate::source::Inputs;
 
@@ -42,9 +43,6 @@ const PARK: Duration = Duration::from_millis(1);
 
 /// How often `execute` calls its `on_tick` while the job runs.
 const TICK: Duration = Duration::from_millis(100);
-
-/// Batches of `batch_rows` a reader may run ahead of the router, beyond its own unit.
-pub const IN_FLIGHT: u64 = 4;
 
 /// Where the dataflow runs: threads in this process, and optionally several processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +66,16 @@ impl Cluster {
             process: 0,
             hostfile: None,
         }
+    }
+
+    /// The address of process `p`: its hostfile line, or timely's default.
+    pub fn address(&self, p: usize) -> String {
+        let listed = self.hostfile.as_ref().and_then(|h| {
+            let text = std::fs::read_to_string(h).ok()?;
+            let line = text.lines().filter(|l| !l.trim().is_empty()).nth(p)?;
+            Some(line.trim().to_string())
+        });
+        listed.unwrap_or_else(|| format!("localhost:{}", 2101 + p))
     }
 
     fn config(&self) -> Result<timely::Config> {
@@ -102,13 +110,25 @@ impl Cluster {
     }
 }
 
+/// A failure the job cannot finish after: a worker panicked, or a peer process is lost.
+fn fatal(fate: &Fate, cluster: &Cluster) -> Option<String> {
+    if let Some(f) = fate.failure() {
+        return Some(f.to_string());
+    }
+    let (peer, seen) = fate::lost_peer().filter(|_| cluster.processes > 1)?;
+    Some(format!(
+        "lost process {peer} of the cluster ({}): {seen}",
+        cluster.address(*peer)
+    ))
+}
+
 /// Where rank batches go.
 pub enum Output {
-    /// Each worker writes the rank batches routed to it (rank `r` to worker `r % workers`).
+    /// Each worker writes the batches of the ranks it owns.
     Sink(SinkSpec),
-    /// Rank `r`'s batches go to `feeds[r]`; needs one process holding every rank.
-    Loaders(Vec<LoaderFeed>),
-    /// Rank `r`'s batches go to `channels[r]` as they are (`None`: discarded); one process.
+    /// Rank `r`'s batches go to `feeds[r]`; ranks of other processes have none.
+    Loaders(Vec<Option<LoaderFeed>>),
+    /// Rank `r`'s batches go to `channels[r]` as they are (`None`: discarded).
     Channels(Vec<Option<crossbeam_channel::Sender<RankBatch>>>),
 }
 
@@ -181,22 +201,19 @@ impl Report {
 /// second while it runs (for a progress bar).
 pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result<Report> {
     let config = cluster.config()?;
-    if matches!(job.output, Some(Output::Loaders(_) | Output::Channels(_))) && cluster.processes > 1
-    {
-        return Err(Error::Usage(
-            "loaders need every rank in one process (use --processes 1)".into(),
-        ));
-    }
-    let process = cluster.process;
+    let layout = (cluster.process, cluster.workers);
     let errors = job.errors.clone();
+    let fate = Fate::default();
     let job = Arc::new(job);
     // Each worker says when it is done, so the job ends the moment the last one does (a
     // sleep-and-check loop here once added 50 ms to every run on average).
     let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(cluster.workers);
-    let (job2, errors2) = (job.clone(), errors.clone());
+    let (job2, errors2, fate2) = (job.clone(), errors.clone(), fate.clone());
     let done_tx = std::sync::Mutex::new(done_tx);
+    fate::install_hook();
     let guards = timely::execute(config, move |worker| {
-        let result = run_worker(worker, &job2, process, &errors2);
+        fate::register_worker(&fate2);
+        let result = run_worker(worker, &job2, layout, &errors2);
         if let Err(e) = &result {
             errors2.set("worker", e);
         }
@@ -205,13 +222,23 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
     })
     .map_err(Error::Dataflow)?;
     let mut finished = 0;
-    while finished < cluster.workers {
+    let mut failure = None;
+    while finished < cluster.workers && failure.is_none() {
         match done_rx.recv_timeout(TICK) {
             Ok(()) => finished += 1,
             Err(RecvTimeoutError::Timeout) => on_tick(),
-            // Every worker's sender is gone: they have all returned.
+            // Every worker's sender is gone: they have all returned (or panicked).
             Err(RecvTimeoutError::Disconnected) => break,
         }
+        failure = fatal(&fate, cluster);
+    }
+    if let Some(failure) = failure.or_else(|| fatal(&fate, cluster)) {
+        // The other workers would wait for the failed one forever, and joining timely's
+        // threads after a failure panics: let them be (a command exits; an embedded
+        // caller's loaders get the error).
+        errors.set("dataflow", &failure);
+        std::mem::forget(guards);
+        return Err(Error::Dataflow(failure));
     }
     let mut total = Report::default();
     for r in guards.join() {
@@ -226,7 +253,7 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
 /// Where one worker's rank batches go.
 enum WorkerSink {
     Batch(Box<dyn BatchSink>),
-    Feeds(Vec<LoaderFeed>),
+    Feeds(Vec<Option<LoaderFeed>>),
     Channels(Vec<Option<crossbeam_channel::Sender<RankBatch>>>),
 }
 
@@ -235,7 +262,10 @@ impl WorkerSink {
         match self {
             WorkerSink::Batch(s) => s.write(&rb),
             // Blocks while the rank's loader is full: this is the backpressure.
-            WorkerSink::Feeds(f) => f[rb.meta.rank].send(rb),
+            WorkerSink::Feeds(f) => match &f[rb.meta.rank] {
+                Some(feed) => feed.send(rb),
+                None => Ok(()),
+            },
             WorkerSink::Channels(c) => match &c[rb.meta.rank] {
                 Some(tx) => {
                     let rank = rb.meta.rank;
@@ -251,7 +281,7 @@ impl WorkerSink {
 fn run_worker(
     worker: &mut Worker,
     job: &Job,
-    process: usize,
+    (process, workers): (usize, usize),
     errors: &ErrorSlot,
 ) -> Result<Report> {
     let t0 = Instant::now();
@@ -315,43 +345,50 @@ fn run_worker(
     );
     let output_schema = job.plan.output_schema();
     let version = transformer.state_version();
+    let ownership = Ownership {
+        world_size: world,
+        processes: worker.peers() / workers,
+        workers,
+    };
+    let mine: Vec<usize> = (0..world)
+        .filter(|&r| ownership.worker(r) == index)
+        .collect();
     worker.dataflow::<u64, _, _>(|scope| {
-        let featurized = scope
+        let pieces = scope
             .input_from(&mut input)
             .featurize(transformer, errors.clone())
-            .exchange(|_: &Batch| 0);
-        let routed = route(
-            featurized,
+            .place_rows(delivery.clone())
+            .exchange(move |p: &Piece| ownership.worker(p.rank) as u64);
+        own(
+            pieces,
             delivery.clone(),
+            mine,
             output_schema,
             version,
-            index == 0,
             errors.clone(),
-        );
-        routed
-            .exchange(|rb: &RankBatch| rb.meta.rank as u64)
-            .unary::<CapacityContainerBuilder<Vec<()>>, _, _, _>(Pipeline, "Sink", move |_, _| {
-                move |input, _output| {
-                    input.for_each(|_, data| {
-                        for rb in data.drain(..) {
-                            let mut r = out2.borrow_mut();
-                            r.first_batch.get_or_insert_with(|| started.elapsed());
-                            let real = (rb.data().num_rows() - rb.meta.padded_rows) as u64;
-                            r.rows += real;
-                            r.padded_rows += rb.meta.padded_rows as u64;
-                            r.batches += 1;
-                            r.steps_per_rank[rb.meta.rank] += 1;
-                            progress.fetch_add(real, Ordering::Relaxed);
-                            metrics::counter!(crate::metrics::ROWS_OUT, "stage" => "sink")
-                                .increment(real);
-                            if let Some(Err(e)) = sink2.borrow_mut().as_mut().map(|s| s.write(rb)) {
-                                errors2.set("sink", e);
-                            }
+        )
+        .unary::<CapacityContainerBuilder<Vec<()>>, _, _, _>(Pipeline, "Sink", move |_, _| {
+            move |input, _output| {
+                input.for_each(|_, data| {
+                    for rb in data.drain(..) {
+                        let mut r = out2.borrow_mut();
+                        r.first_batch.get_or_insert_with(|| started.elapsed());
+                        let real = (rb.data().num_rows() - rb.meta.padded_rows) as u64;
+                        r.rows += real;
+                        r.padded_rows += rb.meta.padded_rows as u64;
+                        r.batches += 1;
+                        r.steps_per_rank[rb.meta.rank] += 1;
+                        progress.fetch_add(real, Ordering::Relaxed);
+                        metrics::counter!(crate::metrics::ROWS_OUT, "stage" => "sink")
+                            .increment(real);
+                        if let Some(Err(e)) = sink2.borrow_mut().as_mut().map(|s| s.write(rb)) {
+                            errors2.set("sink", e);
                         }
-                    })
-                }
-            })
-            .probe_with(&probe);
+                    }
+                })
+            }
+        })
+        .probe_with(&probe);
     });
 
     read_epochs(worker, job, &mut input, &probe, errors);
@@ -376,7 +413,8 @@ fn run_worker(
 }
 
 /// Reads this worker's share of each epoch's units (every `peers`-th in the epoch's unit
-/// order), stamping each batch with its position; stays within a window of the router.
+/// order), stamping each batch with its time; stays within a bounded distance of the
+/// slowest owner.
 fn read_epochs(
     worker: &mut Worker,
     job: &Job,
@@ -388,9 +426,7 @@ fn read_epochs(
     let d = &job.delivery;
     let units = job.inputs.units();
     let biggest = units.iter().map(|u| u.rows).max().unwrap_or(0);
-    // Enough for the other readers to work on the next units while the router consumes
-    // this one, and no more: what the router holds is bounded by the window.
-    let window = (peers as u64 - 1) * biggest + IN_FLIGHT * job.inputs.batch_rows() as u64;
+    let slack = d.reader_slack(peers, biggest, job.inputs.batch_rows() as u64);
     for epoch in d.start_epoch..d.epochs {
         let skip = d.plan.skippable(epoch, d.first_step(epoch));
         let order = d.plan.unit_positions(epoch);
@@ -414,10 +450,10 @@ fn read_epochs(
                 let time = b.seq;
                 input.advance_to(time);
                 input.send(b);
-                // Step at least once per batch: worker 0 routes, and routing must not wait
-                // for the window to fill.
+                // Step at least once per batch: this worker may own ranks, and assembling
+                // them must not wait for the slack to fill.
                 worker.step();
-                while probe.less_than(&time.saturating_sub(window)) {
+                while probe.less_than(&time.saturating_sub(slack)) {
                     worker.step_or_park(Some(PARK));
                 }
                 if errors.get().is_some() {

@@ -2,10 +2,12 @@
 //!
 //! hydrant streams Arrow record batches through vectorized feature transforms and
 //! straight into data-parallel training: a timely dataflow reads Parquet or Arrow IPC,
-//! featurizes batches as they arrive, cuts them into per-rank training batches by an
-//! [`epoch::EpochPlan`] (every rank the same number of steps, every row once per epoch,
-//! a deterministic shuffle, resumable mid-epoch) and hands them to one [`loader::Loader`]
-//! per rank while the next batches are still being featurized.
+//! featurizes batches as they arrive, places every row by an [`delivery::EpochPlan`] (every
+//! rank the same number of steps, every row once per epoch, a deterministic windowed
+//! shuffle, resumable mid-epoch), assembles each rank's steps on the worker that owns the
+//! rank, and hands them to one [`loader::Loader`] per rank while the next batches are
+//! still being featurized. The same dataflow runs as threads of one process or as the
+//! processes of a timely cluster, each process serving its own block of ranks.
 //!
 //! ## Embedded use
 //!
@@ -31,8 +33,7 @@
 //!     .build()?;
 //! let running = pipeline.start()?;
 //! std::thread::scope(|s| {
-//!     for r in 0..2 {
-//!         let loader = running.rank(r);
+//!     for loader in running.ranks() {
 //!         s.spawn(move || {
 //!             for batch in loader.batches() {
 //!                 let batch = batch?;
@@ -53,19 +54,18 @@
 //! The same runs from the command line with a pipeline file: `hydrant run --pipeline
 //! examples/criteo.toml --input DATA --ranks 2 --sink train:logreg`. The pieces are public
 //! too: pipeline files ([`PipelineSpec`]), inputs ([`source::Inputs`]), the dataflow
-//! ([`dataflow::execute`]), delivery ([`epoch`], [`rebatch`], [`route`]) and sinks.
+//! ([`dataflow::execute`]), delivery ([`delivery`]: plan, placement, assembly) and sinks.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dataflow;
-pub mod epoch;
+pub mod delivery;
 mod error;
+pub mod fate;
 pub mod generate;
 pub mod loader;
 pub mod metrics;
 pub mod pipeline;
-pub mod rebatch;
-pub mod route;
 pub mod serve;
 pub mod sink;
 pub mod source;

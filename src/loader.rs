@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::buffer::{BooleanBuffer, ScalarBuffer};
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Int64Type, UInt64Type};
-use crossbeam_channel::{Receiver, Sender, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use hydrant_operators::{ErrorSlot, ROW_ID};
 
+use crate::delivery::{IS_PADDING, RankBatch, StepMeta};
 use crate::error::{Error, Result};
-use crate::rebatch::{IS_PADDING, RankBatch, StepMeta};
 
 /// Where a loader puts its batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -275,6 +275,9 @@ impl Loader {
     }
 }
 
+/// How often an idle loader looks whether the run has failed.
+const WATCH: Duration = Duration::from_millis(50);
+
 /// Starts the loader actor of `rank`. It ends when the feed is dropped (after passing on
 /// the run's error, if `errors` holds one) or when every [`Loader`] handle is dropped.
 pub fn spawn(
@@ -291,7 +294,14 @@ pub fn spawn(
     let handle = std::thread::Builder::new()
         .name(format!("hydrant-loader-{rank}"))
         .spawn(move || {
-            for rb in feed_rx.iter() {
+            loop {
+                let rb = match feed_rx.recv_timeout(WATCH) {
+                    Ok(rb) => rb,
+                    // A failed run may never close the feed (a worker that panicked, a
+                    // lost peer): its error is passed on as soon as it is known.
+                    Err(RecvTimeoutError::Timeout) if errors.get().is_none() => continue,
+                    Err(_) => break,
+                };
                 let out = TrainingBatch::from_rank_batch(&rb).and_then(|b| convert.place(b));
                 let failed = out.is_err();
                 if tx.send(out).is_err() || failed {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use hydrant::dataflow::{self, Cluster, Job, Output};
-use hydrant::epoch::LastBatch;
+use hydrant::delivery::LastBatch;
 use hydrant::loader::{Backend, LoaderConfig};
 use hydrant::operators::FittedState;
 use hydrant::pipeline::RunOptions;
@@ -135,12 +135,13 @@ struct DeliveryArgs {
     /// Seed of the shuffle.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Shuffle: permute row groups per epoch, then mix rows through a bounded buffer.
+    /// Shuffle: permute row groups per epoch, then rows within windows of
+    /// --shuffle-window consecutive rows (a keyed permutation per window).
     #[arg(long)]
     shuffle: bool,
-    /// Rows in the shuffle buffer.
-    #[arg(long, default_value_t = 65_536)]
-    shuffle_buffer: usize,
+    /// Rows in a shuffle window (`--shuffle-buffer` is the old name of this option).
+    #[arg(long, alias = "shuffle-buffer", default_value_t = 65_536)]
+    shuffle_window: u64,
     /// A last step that is not full: `pad` (marked padding rows) or `drop`.
     #[arg(long, default_value = "pad")]
     last_batch: String,
@@ -168,13 +169,13 @@ struct DeliveryArgs {
 }
 
 impl DeliveryArgs {
-    fn options(&self, workers: usize) -> Result<RunOptions> {
+    fn options(&self, cluster: Cluster) -> Result<RunOptions> {
         Ok(RunOptions {
             ranks: self.ranks,
             batch_size: self.batch_size,
             epochs: self.epochs,
             seed: self.seed,
-            shuffle: self.shuffle.then_some(self.shuffle_buffer),
+            shuffle: self.shuffle.then_some(self.shuffle_window),
             last_batch: self.last_batch.parse::<LastBatch>()?,
             start_epoch: self.start_epoch,
             start_step: self.start_step,
@@ -182,7 +183,7 @@ impl DeliveryArgs {
                 prefetch: self.prefetch,
                 backend: self.loader.parse::<Backend>()?,
             },
-            workers,
+            cluster,
         })
     }
 }
@@ -271,7 +272,7 @@ fn demo(rows: u64, dir: &Path) -> Result<()> {
         epochs: 2,
         seed: 0,
         shuffle: true,
-        shuffle_buffer: 65_536,
+        shuffle_window: 65_536,
         last_batch: "pad".into(),
         start_epoch: 0,
         start_step: 0,
@@ -338,9 +339,9 @@ fn prepare(
         hostfile: common.hostfile.clone(),
     };
     let options = match delivery {
-        Some(d) => d.options(workers)?,
+        Some(d) => d.options(cluster.clone())?,
         None => RunOptions {
-            workers,
+            cluster: cluster.clone(),
             ..RunOptions::default()
         },
     };
@@ -398,17 +399,18 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
     let bar = progress_bar(total_rows, matches!(sink, SinkSpec::Train));
     let tick = || bar.set_position(progress.load(Ordering::Relaxed));
     let use_loaders = match &sink {
-        SinkSpec::Train => true,
-        SinkSpec::Null => cluster.processes == 1,
+        SinkSpec::Train | SinkSpec::Null => true,
         SinkSpec::Parquet(_) => false,
     };
+    if matches!(sink, SinkSpec::Train) && cluster.processes > 1 {
+        return Err(Error::Usage(
+            "--sink train:logreg runs every rank in one process: its all-reduce is in memory \
+             (use --processes 1, or a trainer of your own per process)"
+                .into(),
+        ));
+    }
     let mut consumed = Consumed::default();
     let report = if use_loaders {
-        if cluster.processes > 1 {
-            return Err(Error::Usage(
-                "--sink train:logreg runs every rank in one process (use --processes 1)".into(),
-            ));
-        }
         let running = hydrant::pipeline::start(job, cluster.clone(), options.loader)?;
         let t0 = Instant::now();
         consumed.train = match &sink {
@@ -462,6 +464,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
         "steps_per_rank": report.steps_per_rank,
         "padded_rows": report.padded_rows,
         "dropped_rows": plan.dropped_rows() * epochs,
+        "order_version": hydrant::delivery::ORDER_VERSION,
         "fit_s": round3(report.fit.as_secs_f64()),
         "seconds": round3(seconds),
         "rows_per_s": (report.rows as f64 / seconds).round(),

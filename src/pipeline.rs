@@ -12,10 +12,9 @@ use std::time::Instant;
 use hydrant_operators::{ErrorSlot, FeatureGroup, FittedState, GroupKind, LabelSpec, Step};
 
 use crate::dataflow::{self, Cluster, Job, Output, Report};
-use crate::epoch::{EpochPlan, LastBatch};
+use crate::delivery::{Delivery, EpochPlan, LastBatch, Ownership};
 use crate::error::{Error, Result};
 use crate::loader::{self, Loader, LoaderConfig};
-use crate::route::Delivery;
 use crate::source::Inputs;
 use crate::spec::{DEFAULT_BATCH_ROWS, PipelineSpec};
 
@@ -30,8 +29,8 @@ pub struct RunOptions {
     pub epochs: u64,
     /// Seed of the shuffle.
     pub seed: u64,
-    /// Shuffle buffer rows; `None` delivers in input order.
-    pub shuffle: Option<usize>,
+    /// Shuffle window rows; `None` delivers in input order.
+    pub shuffle: Option<u64>,
     /// What to do with a last step that is not full.
     pub last_batch: LastBatch,
     /// First epoch delivered (to resume).
@@ -40,8 +39,8 @@ pub struct RunOptions {
     pub start_step: u64,
     /// Loader prefetch and backend.
     pub loader: LoaderConfig,
-    /// Dataflow worker threads.
-    pub workers: usize,
+    /// Where the dataflow runs: worker threads, and the processes of a cluster.
+    pub cluster: Cluster,
 }
 
 impl Default for RunOptions {
@@ -56,7 +55,7 @@ impl Default for RunOptions {
             start_epoch: 0,
             start_step: 0,
             loader: LoaderConfig::default(),
-            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cluster: Cluster::local(std::thread::available_parallelism().map_or(1, |n| n.get())),
         }
     }
 }
@@ -182,10 +181,19 @@ impl PipelineBuilder {
         self
     }
 
-    /// Shuffles with `seed` through a buffer of `buffer_rows` rows.
-    pub fn shuffle(mut self, seed: u64, buffer_rows: usize) -> Self {
+    /// Shuffles with `seed`: units permuted per epoch, rows within windows of
+    /// `window_rows` consecutive rows.
+    pub fn shuffle(mut self, seed: u64, window_rows: u64) -> Self {
         self.options.seed = seed;
-        self.options.shuffle = Some(buffer_rows);
+        self.options.shuffle = Some(window_rows);
+        self
+    }
+
+    /// Runs as process `process` of `processes` (addresses in `hostfile`, one `host:port`
+    /// per line; default localhost from port 2101), with `workers` threads each. Each
+    /// process delivers only its own ranks ([`Running::local_ranks`]).
+    pub fn cluster(mut self, cluster: Cluster) -> Self {
+        self.options.cluster = cluster;
         self
     }
 
@@ -232,7 +240,7 @@ pub struct Pipeline {
     state: Option<FittedState>,
     bound: Option<hydrant_operators::Transformer>,
     delivery: Delivery,
-    workers: usize,
+    cluster: Cluster,
     loader: LoaderConfig,
 }
 
@@ -273,7 +281,7 @@ impl Pipeline {
             state,
             bound,
             delivery,
-            workers: options.workers,
+            cluster: options.cluster,
             loader: options.loader,
         })
     }
@@ -301,19 +309,26 @@ impl Pipeline {
             progress: Default::default(),
             errors: ErrorSlot::default(),
         };
-        start(job, Cluster::local(self.workers), self.loader)
+        start(job, self.cluster, self.loader)
     }
 }
 
-/// Starts `job` on `cluster` (one process) with its rank batches going to one loader per
-/// rank, on a thread of its own.
+/// Starts `job` on `cluster` with the rank batches of this process's ranks going to one
+/// loader per rank, on a thread of its own.
 pub fn start(mut job: Job, cluster: Cluster, config: LoaderConfig) -> Result<Running> {
-    let mut feeds = Vec::new();
+    let world = job.delivery.plan.world_size();
+    let ownership = Ownership {
+        world_size: world,
+        processes: cluster.processes,
+        workers: cluster.workers,
+    };
+    let local = ownership.ranks(cluster.process);
+    let mut feeds: Vec<_> = (0..world).map(|_| None).collect();
     let mut loaders = Vec::new();
     let mut actors = Vec::new();
-    for rank in 0..job.delivery.plan.world_size() {
+    for rank in local.clone() {
         let (feed, loader, actor) = loader::spawn(rank, config, job.errors.clone())?;
-        feeds.push(feed);
+        feeds[rank] = Some(feed);
         loaders.push(loader);
         actors.push(actor);
     }
@@ -324,6 +339,8 @@ pub fn start(mut job: Job, cluster: Cluster, config: LoaderConfig) -> Result<Run
         .spawn(move || dataflow::execute(job, &cluster, || {}))
         .map_err(|e| Error::Dataflow(format!("cannot start the dataflow: {e}")))?;
     Ok(Running {
+        local,
+        world,
         loaders,
         actors,
         dataflow,
@@ -331,8 +348,11 @@ pub fn start(mut job: Job, cluster: Cluster, config: LoaderConfig) -> Result<Run
     })
 }
 
-/// A running pipeline: one [`Loader`] per rank, and the dataflow feeding them.
+/// A running pipeline: one [`Loader`] per rank of this process, and the dataflow feeding
+/// them.
 pub struct Running {
+    local: std::ops::Range<usize>,
+    world: usize,
     loaders: Vec<Loader>,
     actors: Vec<JoinHandle<()>>,
     dataflow: JoinHandle<Result<Report>>,
@@ -341,17 +361,34 @@ pub struct Running {
 
 impl Running {
     /// Rank `r`'s batches. Consume all ranks together (as the trainers of one job do):
-    /// a rank left unread stalls the others once its queue is full.
-    pub fn rank(&self, r: usize) -> &Loader {
-        &self.loaders[r]
+    /// a rank left unread stalls the others once its queue is full. A rank that another
+    /// process of the cluster owns is an error.
+    pub fn rank(&self, r: usize) -> Result<&Loader> {
+        if !self.local.contains(&r) {
+            return Err(Error::Usage(if r >= self.world {
+                format!("rank {r} does not exist (world size {})", self.world)
+            } else {
+                format!(
+                    "rank {r} is delivered by another process of the cluster (this one has \
+                     ranks {:?})",
+                    self.local
+                )
+            }));
+        }
+        Ok(&self.loaders[r - self.local.start])
     }
 
-    /// Real rows delivered so far.
+    /// The ranks this process delivers (all of them in one process).
+    pub fn local_ranks(&self) -> std::ops::Range<usize> {
+        self.local.clone()
+    }
+
+    /// Real rows delivered so far by this process.
     pub fn delivered(&self) -> u64 {
         self.progress.load(Ordering::Relaxed)
     }
 
-    /// Every rank's loader, by rank.
+    /// The loaders of this process's ranks, in rank order.
     pub fn ranks(&self) -> &[Loader] {
         &self.loaders
     }

@@ -23,8 +23,7 @@ use hydrant_flight::{BatchMeta, RankStream, ServeError, Served, batch_bytes};
 use hydrant_operators::{ErrorSlot, FeaturePlan, FittedState, Transformer};
 
 use crate::dataflow::{self, Cluster, Job, Output};
-use crate::rebatch::{RankBatch, Rebatcher, delivery_schema};
-use crate::route::Delivery;
+use crate::delivery::{Delivery, RankBatch, StreamCutter, delivery_schema};
 use crate::source::{Inputs, with_row_id};
 use crate::spec::PipelineSpec;
 
@@ -98,7 +97,7 @@ struct Ingest {
     spec: PipelineSpec,
     /// Bound per input schema seen (producers may differ in, say, integer widths).
     transformers: Vec<(arrow::datatypes::SchemaRef, Transformer)>,
-    rebatcher: Rebatcher,
+    cutter: StreamCutter,
     /// `None` once the input is ended.
     senders: Option<Vec<Sender<RankBatch>>>,
     next_row: u64,
@@ -178,14 +177,15 @@ impl ServedPipeline {
     ) -> crate::Result<Self> {
         let plan = Arc::new(spec.plan(&spec.nominal_schema())?);
         let bound = plan.transformer(&state)?;
-        let rebatcher =
-            Rebatcher::streaming(delivery.plan.clone(), &plan.output_schema(), state.version)?;
+        let cutter = StreamCutter::new(
+            *delivery.plan.placement(),
+            &plan.output_schema(),
+            state.version,
+        )?;
         let (senders, session) = Session::with_queues(0, 0, None, delivery.plan.world_size());
         let senders = senders.into_iter().flatten().collect();
         let mut sessions = BTreeMap::new();
         sessions.insert(0, session);
-        let mut rebatcher = rebatcher;
-        rebatcher.start_epoch(0, 0);
         Ok(ServedPipeline {
             name: spec.name.clone(),
             schema: delivery_schema(&plan.output_schema()),
@@ -193,7 +193,7 @@ impl ServedPipeline {
             ingest: Some(Mutex::new(Ingest {
                 spec,
                 transformers: Vec::new(),
-                rebatcher,
+                cutter,
                 senders: Some(senders),
                 next_row: 0,
                 seq: 0,
@@ -475,7 +475,7 @@ impl Served for ServedPipeline {
             .apply(&batch)
             .map_err(|e| invalid(&e))?;
         let mut ranked = Vec::new();
-        st.rebatcher
+        st.cutter
             .push(featurized, &mut ranked)
             .map_err(|e| ServeError::Internal(e.to_string()))?;
         send_all(senders, ranked)?;
@@ -495,8 +495,8 @@ impl Served for ServedPipeline {
         };
         let mut ranked = Vec::new();
         st.dropped = st
-            .rebatcher
-            .finish_stream(&mut ranked)
+            .cutter
+            .end(&mut ranked)
             .map_err(|e| ServeError::Internal(e.to_string()))?;
         send_all(&senders, ranked)?;
         if let Some(s) = lock(&self.sessions).get(&0) {

@@ -191,8 +191,8 @@ fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serv
     })?;
     let state = read_state(path)?;
     let d = &args.delivery;
-    let options = d.options(1)?;
-    let plan = hydrant::epoch::EpochPlan::new(
+    let options = d.options(hydrant::dataflow::Cluster::local(1))?;
+    let plan = hydrant::delivery::EpochPlan::new(
         Vec::new(),
         options.ranks,
         options.batch_size,
@@ -200,7 +200,7 @@ fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serv
         options.seed,
         options.shuffle,
     )?;
-    let delivery = hydrant::route::Delivery {
+    let delivery = hydrant::delivery::Delivery {
         plan: Arc::new(plan),
         epochs: 1,
         start_epoch: 0,

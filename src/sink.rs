@@ -13,8 +13,8 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
+use crate::delivery::RankBatch;
 use crate::error::{Error, Result, one_line};
-use crate::rebatch::RankBatch;
 
 /// A sink as named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -53,7 +53,7 @@ fn run(data: &std::path::Path, slow: Duration) -> Seen {
         let threads: Vec<_> = (0..2)
             .map(|r| {
                 let (loader, consumed, ahead, running) =
-                    (running.rank(r), &consumed, &ahead, &running);
+                    (running.rank(r).unwrap(), &consumed, &ahead, &running);
                 s.spawn(move || {
                     let mut ids = Vec::new();
                     for batch in loader.batches() {

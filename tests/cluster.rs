@@ -3,18 +3,7 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
-
 use common::*;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[test]
 fn two_processes_produce_the_rows_of_one() {
@@ -54,8 +43,10 @@ fn two_processes_produce_the_rows_of_one() {
     let sink = format!("parquet:{}", two.display());
     let state_s = state.to_str().unwrap();
     let mut rows_seen = 0;
-    for summary in run_two_processes(
+    for summary in run_cluster(
         dir.path(),
+        2,
+        1,
         &[
             "run",
             "--pipeline",
@@ -102,8 +93,10 @@ fn fitting_across_processes_matches_one_process() {
         "1",
     ]);
     let two = dir.path().join("two.json");
-    run_two_processes(
+    run_cluster(
         dir.path(),
+        2,
+        1,
         &[
             "fit",
             "--pipeline",
@@ -163,47 +156,4 @@ fn peak_memory_does_not_grow_with_the_input() {
         peaks[0],
         peaks[1]
     );
-}
-
-/// Runs `hydrant ARGS` as both processes of a two-process cluster on loopback (one worker
-/// each), asserts both succeed, and returns each one's summary JSON (its last stdout line).
-fn run_two_processes(dir: &std::path::Path, args: &[&str]) -> Vec<serde_json::Value> {
-    let hosts = dir.join("hosts.txt");
-    std::fs::write(
-        &hosts,
-        format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port()),
-    )
-    .unwrap();
-    let children: Vec<_> = (0..2)
-        .map(|p| {
-            Command::new(env!("CARGO_BIN_EXE_hydrant"))
-                .args(args)
-                .args([
-                    "--workers",
-                    "1",
-                    "--processes",
-                    "2",
-                    "--process",
-                    &p.to_string(),
-                ])
-                .args(["--hostfile", hosts.to_str().unwrap()])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    children
-        .into_iter()
-        .map(|c| {
-            let out = c.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
-                .unwrap()
-        })
-        .collect()
 }

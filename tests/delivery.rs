@@ -146,7 +146,7 @@ fn every_rank_gets_equal_steps_and_every_row_once() {
                 let mut args = vec!["--ranks", &ws, "--batch-size", &bs, "--last-batch", last];
                 // Shuffled, over two epochs, on the cheaper sizes.
                 if b > 1 {
-                    args.extend(["--shuffle", "--shuffle-buffer", "300", "--epochs", "2"]);
+                    args.extend(["--shuffle", "--shuffle-window", "300", "--epochs", "2"]);
                 }
                 let (summary, placed) = deliver(dir.path(), &io, &name, &args);
                 check_epoch(&placed, &summary, w, b, pad);
@@ -172,7 +172,7 @@ fn the_same_seed_gives_the_same_batches_on_any_worker_count() {
             "--epochs",
             "2",
             "--shuffle",
-            "--shuffle-buffer",
+            "--shuffle-window",
             "500",
             "--seed",
             seed,
@@ -208,7 +208,7 @@ fn a_resumed_run_matches_the_uninterrupted_one() {
         "--epochs",
         "2",
         "--shuffle",
-        "--shuffle-buffer",
+        "--shuffle-window",
         "400",
         "--seed",
         "9",
@@ -270,7 +270,7 @@ fn bad_delivery_options_are_one_line_errors() {
         (&["--last-batch", "keep"][..], "pad"),
         (
             &["--shuffle", "--shuffle-buffer", "0"][..],
-            "--shuffle-buffer",
+            "--shuffle-window",
         ),
         (&["--start-epoch", "3"][..], "--start-epoch"),
         (&["--start-step", "99999"][..], "--start-step"),

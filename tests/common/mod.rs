@@ -4,8 +4,9 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type, UInt64Type};
@@ -189,4 +190,60 @@ pub fn read_placed(dir: &Path) -> Vec<Placed> {
     }
     out.sort();
     out
+}
+
+/// A free port on loopback (bound and let go).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `hydrant ARGS` as every process of a cluster of `processes` on loopback, each
+/// with `workers` threads (a fresh hostfile in `dir`).
+pub fn spawn_cluster(dir: &Path, processes: usize, workers: usize, args: &[&str]) -> Vec<Child> {
+    let hosts = dir.join(format!("hosts-{}.txt", free_port()));
+    let lines: String = (0..processes)
+        .map(|_| format!("127.0.0.1:{}\n", free_port()))
+        .collect();
+    std::fs::write(&hosts, lines).unwrap();
+    (0..processes)
+        .map(|p| {
+            Command::new(env!("CARGO_BIN_EXE_hydrant"))
+                .args(args)
+                .args(["--workers", &workers.to_string()])
+                .args(["--processes", &processes.to_string()])
+                .args(["--process", &p.to_string()])
+                .args(["--hostfile", hosts.to_str().unwrap()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Runs `hydrant ARGS` as every process of a cluster (see [`spawn_cluster`]), asserts all
+/// succeed, and returns each one's summary JSON (its last stdout line), by process.
+pub fn run_cluster(
+    dir: &Path,
+    processes: usize,
+    workers: usize,
+    args: &[&str],
+) -> Vec<serde_json::Value> {
+    spawn_cluster(dir, processes, workers, args)
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "hydrant {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
+                .unwrap()
+        })
+        .collect()
 }

@@ -1,0 +1,141 @@
+//! The reader's half of delivery: each featurized batch is placed row by row and split
+//! into [`Piece`]s, one per destination rank, which travel to the rank's owner.
+
+use std::ops::Range;
+
+use arrow::array::{RecordBatch, UInt32Array};
+use arrow::compute::take_record_batch;
+use hydrant_operators::Batch;
+use serde::de::Deserializer;
+use serde::ser::Serializer;
+use serde::{Deserialize, Serialize};
+
+use super::plan::Placement;
+use crate::error::Result;
+
+/// Rows of one featurized batch bound for one rank, with their output indices.
+///
+/// Inside a process a piece shares the featurized batch (no copy); between processes only
+/// its own rows travel, as Arrow IPC.
+#[derive(Debug, Clone)]
+pub struct Piece {
+    /// Epoch of the rows.
+    pub epoch: u64,
+    /// Destination rank.
+    pub rank: usize,
+    /// Output index (in the epoch) of each row, ascending.
+    pub indices: Vec<u64>,
+    /// The batch's row of each index; `None`: rows `0..` in order.
+    rows: Option<Vec<u32>>,
+    batch: RecordBatch,
+}
+
+impl Piece {
+    /// A piece of all of `batch`'s rows, in order, at `indices`.
+    pub fn new(epoch: u64, rank: usize, indices: Vec<u64>, batch: RecordBatch) -> Self {
+        Piece {
+            epoch,
+            rank,
+            indices,
+            rows: None,
+            batch,
+        }
+    }
+
+    /// The batch row holding the `k`-th index.
+    pub fn row(&self, k: usize) -> usize {
+        self.rows.as_ref().map_or(k, |r| r[k] as usize)
+    }
+
+    /// The batch the rows are taken from (it may hold other ranks' rows too).
+    pub fn batch(&self) -> &RecordBatch {
+        &self.batch
+    }
+
+    /// Only this piece's rows, in index order.
+    fn own_rows(&self) -> Result<RecordBatch> {
+        Ok(match &self.rows {
+            None => self.batch.clone(),
+            Some(rows) => take_record_batch(&self.batch, &UInt32Array::from(rows.clone()))?,
+        })
+    }
+}
+
+impl Serialize for Piece {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let batch = Batch {
+            seq: 0,
+            data: self.own_rows().map_err(serde::ser::Error::custom)?,
+        };
+        (self.epoch, self.rank as u64, &self.indices, batch).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Piece {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let (epoch, rank, indices, batch): (u64, u64, Vec<u64>, Batch) =
+            Deserialize::deserialize(d)?;
+        if batch.data.num_rows() != indices.len() {
+            return Err(serde::de::Error::custom(
+                "a piece's rows and indices differ",
+            ));
+        }
+        Ok(Piece::new(epoch, rank as usize, indices, batch.data))
+    }
+}
+
+/// Places the rows of `batch` — positions `first_pos..` of epoch `epoch`, of `rows` rows
+/// (`u64::MAX` while unknown) — and appends one piece per rank that receives any of them.
+/// Only output indices in `deliver` are kept (a resumed epoch starts past 0; `drop`
+/// leaves out the last step).
+pub fn split(
+    placement: &Placement,
+    epoch: u64,
+    rows: u64,
+    first_pos: u64,
+    deliver: Range<u64>,
+    batch: &RecordBatch,
+    out: &mut Vec<Piece>,
+) {
+    let n = batch.num_rows();
+    let world = placement.world_size();
+    let mut by_rank: Vec<Vec<(u64, u32)>> = vec![Vec::new(); world];
+    let k = placement.window();
+    let mut row = 0;
+    while row < n {
+        // One window at a time, so that its permutation is made once.
+        let pos = first_pos + row as u64;
+        let start = placement.window_start(pos);
+        let end = (start + k).min(first_pos + n as u64);
+        let perm = placement
+            .shuffled()
+            .then(|| placement.window_permutation(epoch, start / k, (rows - start).min(k)));
+        for p in pos..end {
+            let i = match &perm {
+                Some(perm) => start + perm.apply(p - start),
+                None => p,
+            };
+            if deliver.contains(&i) {
+                let rank = placement.place(i).rank;
+                by_rank[rank].push((i, (p - first_pos) as u32));
+            }
+        }
+        row = (end - first_pos) as usize;
+    }
+    for (rank, mut picks) in by_rank.into_iter().enumerate() {
+        if picks.is_empty() {
+            continue;
+        }
+        if placement.shuffled() {
+            picks.sort_unstable_by_key(|&(i, _)| i);
+        }
+        let (indices, rows) = picks.into_iter().unzip();
+        out.push(Piece {
+            epoch,
+            rank,
+            indices,
+            rows: Some(rows),
+            batch: batch.clone(),
+        });
+    }
+}

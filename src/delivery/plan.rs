@@ -1,0 +1,629 @@
+//! `EpochPlan`: where every row of an epoch goes — (step, rank, slot) — as a pure function
+//! of its position, computed in O(1) wherever the row is read.
+//!
+//! An epoch's *positions* are its rows in the order it reads them: the input's units (row
+//! groups, files) in input order, or permuted per epoch with `--shuffle`, their rows in
+//! turn. Position `p` becomes output index `i`: unshuffled `i = p`; shuffled, positions are
+//! permuted inside windows of `K` consecutive positions by a keyed bijection (a Feistel
+//! network keyed by seed, epoch and window, see [`Permutation`]), so rows mix with their
+//! window and a window is all anyone must hold (a block shuffle, as MosaicML's
+//! StreamingDataset does). Output index `i` is global step `i / (W·B)`, rank
+//! `(i mod W·B) / B`, slot `i mod B`. So every rank takes the same number of steps and
+//! every batch has exactly `B` rows: the last, short global step is filled with padding
+//! rows (`pad`) or left out (`drop`).
+//!
+//! The order is versioned ([`ORDER_VERSION`]): batches and summaries say which order they
+//! follow, and a change to this file that changes an order must bump it.
+
+use std::str::FromStr;
+
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+
+use super::permute::{Permutation, mix};
+use crate::error::{Error, Result};
+
+/// The version of the order this plan produces: 2 is the windowed keyed permutation (1 was
+/// a sequential shuffle buffer).
+pub const ORDER_VERSION: u32 = 2;
+
+/// What happens to the rows of a last global step that is not full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LastBatch {
+    /// Fill it up with padding rows marked `is_padding = true`.
+    #[default]
+    Pad,
+    /// Leave those rows out of the epoch (counted as dropped).
+    Drop,
+}
+
+impl FromStr for LastBatch {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "pad" => Ok(LastBatch::Pad),
+            "drop" => Ok(LastBatch::Drop),
+            _ => Err(Error::Usage(format!(
+                "unknown last-batch policy `{s}` (expected `pad` or `drop`)"
+            ))),
+        }
+    }
+}
+
+/// Where one output index of an epoch is delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// Step within the epoch.
+    pub step: u64,
+    /// Data-parallel rank.
+    pub rank: usize,
+    /// Row within that rank's batch.
+    pub slot: usize,
+}
+
+/// How rows are placed, whatever the number of rows: ranks, batch size, last step, seed and
+/// shuffle window. [`EpochPlan`] adds an input's layout; pushed input, whose length is only
+/// known at its end, uses this alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    world_size: usize,
+    batch_size: usize,
+    last_batch: LastBatch,
+    seed: u64,
+    /// Shuffle window rows; `None` keeps input order.
+    window: Option<u64>,
+}
+
+impl Placement {
+    /// Checks and makes a placement.
+    pub fn new(
+        world_size: usize,
+        batch_size: usize,
+        last_batch: LastBatch,
+        seed: u64,
+        window: Option<u64>,
+    ) -> Result<Self> {
+        if world_size == 0 || batch_size == 0 {
+            return Err(Error::Usage(format!(
+                "need --ranks >= 1 and --batch-size >= 1 (got {world_size} and {batch_size})"
+            )));
+        }
+        if (world_size as u64).checked_mul(batch_size as u64).is_none() {
+            return Err(Error::Usage(format!(
+                "--ranks {world_size} x --batch-size {batch_size} overflows"
+            )));
+        }
+        if window == Some(0) {
+            return Err(Error::Usage("--shuffle-window must be at least 1".into()));
+        }
+        Ok(Placement {
+            world_size,
+            batch_size,
+            last_batch,
+            seed,
+            window,
+        })
+    }
+
+    /// Data-parallel ranks.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Rows per rank per step.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// What happens to a last step that is not full.
+    pub fn last_batch(&self) -> LastBatch {
+        self.last_batch
+    }
+
+    /// Rows of one global step (all ranks).
+    pub fn step_rows(&self) -> u64 {
+        (self.world_size * self.batch_size) as u64
+    }
+
+    /// Whether rows are shuffled.
+    pub fn shuffled(&self) -> bool {
+        self.window.is_some()
+    }
+
+    /// The shuffle window (1 when unshuffled: each position is its own window).
+    pub fn window(&self) -> u64 {
+        self.window.unwrap_or(1)
+    }
+
+    /// The first position of the window holding position (or output index) `x`.
+    pub fn window_start(&self, x: u64) -> u64 {
+        x - x % self.window()
+    }
+
+    /// Steps each rank takes in an epoch of `rows` rows.
+    pub fn steps(&self, rows: u64) -> u64 {
+        match self.last_batch {
+            LastBatch::Pad => rows.div_ceil(self.step_rows()),
+            LastBatch::Drop => rows / self.step_rows(),
+        }
+    }
+
+    /// The output index of position `pos` in epoch `epoch` of `rows` rows. Pass
+    /// `u64::MAX` for `rows` while the total is unknown: only the last window depends on
+    /// it, so that is right for every window that is full.
+    #[inline]
+    pub fn index(&self, epoch: u64, pos: u64, rows: u64) -> u64 {
+        match self.window {
+            None => pos,
+            Some(k) => {
+                let start = pos - pos % k;
+                self.window_permutation(epoch, start / k, (rows - start).min(k))
+                    .apply(pos - start)
+                    + start
+            }
+        }
+    }
+
+    /// The bijection of window `window` (of `len` positions) of epoch `epoch`. Callers
+    /// that place many rows of one window make it once.
+    pub fn window_permutation(&self, epoch: u64, window: u64, len: u64) -> Permutation {
+        let key = mix(mix(self.seed ^ mix(epoch)) ^ window);
+        Permutation::new(len, key)
+    }
+
+    /// Where output index `i` goes (the step may be past the last for `drop`).
+    #[inline]
+    pub fn place(&self, i: u64) -> Place {
+        let within = i % self.step_rows();
+        Place {
+            step: i / self.step_rows(),
+            rank: (within / self.batch_size as u64) as usize,
+            slot: (within % self.batch_size as u64) as usize,
+        }
+    }
+
+    /// Real rows rank `rank` receives at step `step` of an epoch of `rows` rows (0 for a
+    /// step past the end).
+    pub fn real_rows(&self, rows: u64, step: u64, rank: usize) -> usize {
+        if step >= self.steps(rows) {
+            return 0;
+        }
+        let first = step * self.step_rows() + (rank * self.batch_size) as u64;
+        rows.saturating_sub(first).min(self.batch_size as u64) as usize
+    }
+
+    /// The units of an epoch in the order it reads them: `units` in input order, or
+    /// permuted (Fisher–Yates from the seed and epoch) when shuffled.
+    pub fn unit_order(&self, epoch: u64, units: usize) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..units).collect();
+        if self.shuffled() {
+            let mix = xxhash_rust::xxh64::xxh64(
+                &[self.seed.to_le_bytes(), epoch.to_le_bytes()].concat(),
+                0,
+            );
+            let mut rng = Pcg64Mcg::seed_from_u64(mix);
+            for i in (1..order.len()).rev() {
+                order.swap(i, below(&mut rng, i as u64 + 1) as usize);
+            }
+        }
+        order
+    }
+}
+
+/// Which process, and which worker, owns a rank: rank `r` belongs to process
+/// `⌊r·P/W⌋` (the block of local ranks torchrun gives each node) and, inside it, to
+/// worker `(r - first local rank) mod T`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ownership {
+    /// Ranks (world size).
+    pub world_size: usize,
+    /// Processes in the cluster.
+    pub processes: usize,
+    /// Worker threads per process.
+    pub workers: usize,
+}
+
+impl Ownership {
+    /// The process that owns `rank`.
+    pub fn process(&self, rank: usize) -> usize {
+        rank * self.processes / self.world_size
+    }
+
+    /// The ranks process `process` owns (a contiguous block, maybe empty).
+    pub fn ranks(&self, process: usize) -> std::ops::Range<usize> {
+        // The first rank r with r·P/W >= process is ceil(process·W/P).
+        let first = |p: usize| (p * self.world_size).div_ceil(self.processes);
+        first(process)..first(process + 1).min(self.world_size)
+    }
+
+    /// The global index of the worker that owns `rank` (timely numbers workers
+    /// process by process).
+    pub fn worker(&self, rank: usize) -> usize {
+        let p = self.process(rank);
+        p * self.workers + (rank - self.ranks(p).start) % self.workers
+    }
+}
+
+/// The delivery plan of a run over an input's units: fixed before any data is read and
+/// the same on every worker and process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochPlan {
+    placement: Placement,
+    unit_rows: Vec<u64>,
+    rows: u64,
+}
+
+impl EpochPlan {
+    /// A plan over units holding `unit_rows` rows each (in input order).
+    pub fn new(
+        unit_rows: Vec<u64>,
+        world_size: usize,
+        batch_size: usize,
+        last_batch: LastBatch,
+        seed: u64,
+        shuffle_window: Option<u64>,
+    ) -> Result<Self> {
+        let placement = Placement::new(world_size, batch_size, last_batch, seed, shuffle_window)?;
+        let rows = unit_rows.iter().sum();
+        Ok(EpochPlan {
+            placement,
+            unit_rows,
+            rows,
+        })
+    }
+
+    /// How rows are placed.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Input rows per epoch.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Rows of unit `u`.
+    pub fn unit_rows(&self, u: usize) -> u64 {
+        self.unit_rows[u]
+    }
+
+    /// Data-parallel ranks.
+    pub fn world_size(&self) -> usize {
+        self.placement.world_size
+    }
+
+    /// Rows per rank per step.
+    pub fn batch_size(&self) -> usize {
+        self.placement.batch_size
+    }
+
+    /// What happens to a last step that is not full.
+    pub fn last_batch(&self) -> LastBatch {
+        self.placement.last_batch
+    }
+
+    /// Rows of one global step (all ranks).
+    pub fn step_rows(&self) -> u64 {
+        self.placement.step_rows()
+    }
+
+    /// Steps each rank takes per epoch.
+    pub fn steps(&self) -> u64 {
+        self.placement.steps(self.rows)
+    }
+
+    /// Padding rows added per epoch.
+    pub fn padded_rows(&self) -> u64 {
+        self.steps() * self.step_rows() - self.delivered_rows()
+    }
+
+    /// Input rows left out per epoch.
+    pub fn dropped_rows(&self) -> u64 {
+        self.rows - self.delivered_rows()
+    }
+
+    /// Real rows delivered per epoch.
+    pub fn delivered_rows(&self) -> u64 {
+        self.rows.min(self.steps() * self.step_rows())
+    }
+
+    /// Whether rows are shuffled.
+    pub fn shuffled(&self) -> bool {
+        self.placement.shuffled()
+    }
+
+    /// The output index of position `pos` of epoch `epoch`.
+    pub fn index(&self, epoch: u64, pos: u64) -> u64 {
+        self.placement.index(epoch, pos, self.rows)
+    }
+
+    /// Where position `pos` of epoch `epoch` goes; `None` when it is dropped.
+    pub fn place(&self, epoch: u64, pos: u64) -> Option<Place> {
+        let i = self.index(epoch, pos);
+        (i < self.delivered_rows()).then(|| self.placement.place(i))
+    }
+
+    /// Units in the order epoch `epoch` reads them, as `(unit, first position, rows)`,
+    /// empty ones left out.
+    pub fn unit_positions(&self, epoch: u64) -> Vec<(usize, u64, u64)> {
+        let mut pos = 0;
+        let mut out = Vec::new();
+        for u in self.placement.unit_order(epoch, self.unit_rows.len()) {
+            let rows = self.unit_rows[u];
+            if rows > 0 {
+                out.push((u, pos, rows));
+            }
+            pos += rows;
+        }
+        out
+    }
+
+    /// The `row_id`s of epoch `epoch` in output order (before dropping and padding): for
+    /// tests and tools, O(rows) memory.
+    pub fn order(&self, epoch: u64) -> Vec<u64> {
+        let mut first = Vec::with_capacity(self.unit_rows.len());
+        let mut row = 0;
+        for &n in &self.unit_rows {
+            first.push(row);
+            row += n;
+        }
+        let mut out = vec![u64::MAX; self.rows as usize];
+        for (u, pos, rows) in self.unit_positions(epoch) {
+            for k in 0..rows {
+                out[self.index(epoch, pos + k) as usize] = first[u] + k;
+            }
+        }
+        out
+    }
+
+    /// The first position of epoch `epoch` that a delivery starting at `start_step` must
+    /// read: rows before it all land in earlier steps (the start of the window holding the
+    /// first delivered index).
+    pub fn first_needed(&self, start_step: u64) -> u64 {
+        let first = start_step.saturating_mul(self.step_rows()).min(self.rows);
+        self.placement.window_start(first)
+    }
+
+    /// Which units of epoch `epoch` need not be read when delivery starts at `start_step`:
+    /// all their rows fall in the steps before it. Indexed by unit.
+    pub fn skippable(&self, epoch: u64, start_step: u64) -> Vec<bool> {
+        let needed = self.first_needed(start_step);
+        let mut skip = vec![false; self.unit_rows.len()];
+        for (u, pos, rows) in self.unit_positions(epoch) {
+            skip[u] = pos + rows <= needed;
+        }
+        skip
+    }
+}
+
+/// A draw in `0..n` (n > 0) by multiply-shift, fixed here so that orders do not change
+/// with the `rand` version.
+fn below(rng: &mut Pcg64Mcg, n: u64) -> u64 {
+    ((rng.next_u64() as u128 * n as u128) >> 64) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn plan(
+        units: Vec<u64>,
+        w: usize,
+        b: usize,
+        last: LastBatch,
+        window: Option<u64>,
+    ) -> EpochPlan {
+        EpochPlan::new(units, w, b, last, 7, window).unwrap()
+    }
+
+    type Layout = (Vec<u64>, usize, usize, bool, Option<u64>, u64);
+
+    fn layouts() -> impl Strategy<Value = Layout> {
+        (
+            prop::collection::vec(prop_oneof![Just(0u64), 1u64..40, 100u64..300], 0..12),
+            prop_oneof![Just(1usize), 2usize..8],
+            prop_oneof![Just(1usize), 2usize..50, Just(1000)],
+            any::<bool>(),
+            prop_oneof![Just(None), (1u64..200).prop_map(Some), Just(Some(1 << 20))],
+            0u64..3,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Each epoch is a bijection of its positions; every rank takes the same number of
+        /// full steps; each real row lands in exactly one (step, rank, slot), and the slots
+        /// left over are exactly the padding.
+        #[test]
+        fn every_row_once_and_equal_steps((units, w, b, pad, window, epoch) in layouts()) {
+            let last = if pad { LastBatch::Pad } else { LastBatch::Drop };
+            let p = plan(units, w, b, last, window);
+            let mut indices = HashSet::new();
+            let mut slots = HashSet::new();
+            let mut per_rank = vec![0u64; w];
+            for pos in 0..p.rows() {
+                let i = p.index(epoch, pos);
+                prop_assert!(i < p.rows());
+                prop_assert!(indices.insert(i));
+                match p.place(epoch, pos) {
+                    Some(pl) => {
+                        prop_assert!(pl.step < p.steps() && pl.rank < w && pl.slot < b);
+                        prop_assert!(slots.insert((pl.step, pl.rank, pl.slot)));
+                        per_rank[pl.rank] += 1;
+                    }
+                    None => prop_assert!(i >= p.delivered_rows()),
+                }
+            }
+            let wb = (w * b) as u64;
+            prop_assert_eq!(slots.len() as u64, p.delivered_rows());
+            prop_assert_eq!(p.delivered_rows() + p.padded_rows(), p.steps() * wb);
+            prop_assert_eq!(p.delivered_rows() + p.dropped_rows(), p.rows());
+            for (r, &n) in per_rank.iter().enumerate() {
+                let real: u64 = (0..p.steps())
+                    .map(|s| p.placement().real_rows(p.rows(), s, r) as u64)
+                    .sum();
+                prop_assert_eq!(real, n);
+            }
+            match last {
+                LastBatch::Pad => {
+                    prop_assert_eq!(p.dropped_rows(), 0);
+                    prop_assert!(p.padded_rows() < wb);
+                    prop_assert_eq!(p.steps(), p.rows().div_ceil(wb));
+                }
+                LastBatch::Drop => {
+                    prop_assert_eq!(p.padded_rows(), 0);
+                    prop_assert!(p.dropped_rows() < wb);
+                    prop_assert!(per_rank.iter().all(|&n| n == p.steps() * b as u64));
+                }
+            }
+            // The order lists every row once.
+            let order = p.order(epoch);
+            prop_assert_eq!(order.iter().copied().collect::<HashSet<_>>().len() as u64, p.rows());
+        }
+
+        /// A row moves only within its window.
+        #[test]
+        fn rows_stay_in_their_window((units, w, b, _pad, window, epoch) in layouts()) {
+            let p = plan(units, w, b, LastBatch::Pad, window);
+            let k = p.placement().window();
+            for pos in 0..p.rows() {
+                prop_assert_eq!(p.index(epoch, pos) / k, pos / k);
+            }
+        }
+
+        /// Units said to be skippable at a start step hold only rows delivered before it;
+        /// unshuffled, every unit wholly before it is skippable.
+        #[test]
+        fn skippable_units_lie_before_the_start((units, w, b, _pad, window, epoch) in layouts(), start in 0u64..6) {
+            let p = plan(units, w, b, LastBatch::Pad, window);
+            let first = (start * p.step_rows()).min(p.rows());
+            let skip = p.skippable(epoch, start);
+            for (u, pos, rows) in p.unit_positions(epoch) {
+                let before = (pos..pos + rows).all(|q| p.index(epoch, q) < first);
+                if skip[u] {
+                    prop_assert!(before);
+                } else if window.is_none() {
+                    prop_assert!(!before);
+                }
+            }
+        }
+
+        /// Placement of a stream (total unknown) agrees with the plan in every full window.
+        #[test]
+        fn a_stream_places_full_windows_as_the_plan_does((units, w, b, _pad, window, epoch) in layouts()) {
+            let p = plan(units, w, b, LastBatch::Pad, window);
+            let k = p.placement().window();
+            let full = p.rows() - p.rows() % k;
+            for pos in 0..full {
+                prop_assert_eq!(p.placement().index(epoch, pos, u64::MAX), p.index(epoch, pos));
+            }
+        }
+
+        /// Every rank has exactly one owner; a process owns a contiguous block; the owning
+        /// worker lives in the owning process.
+        #[test]
+        fn every_rank_has_one_owner(w in 1usize..40, procs in 1usize..9, threads in 1usize..5) {
+            let o = Ownership { world_size: w, processes: procs, workers: threads };
+            let mut owned = vec![0; w];
+            for p in 0..procs {
+                for r in o.ranks(p) {
+                    owned[r] += 1;
+                    prop_assert_eq!(o.process(r), p);
+                    prop_assert_eq!(o.worker(r) / threads, p);
+                }
+            }
+            prop_assert!(owned.iter().all(|&n| n == 1));
+        }
+    }
+
+    #[test]
+    fn the_seed_and_epoch_decide_the_order() {
+        let units = vec![1000; 20];
+        let p = plan(units.clone(), 2, 32, LastBatch::Pad, Some(500));
+        let e0 = p.order(0);
+        assert_eq!(e0, p.order(0));
+        assert_ne!(e0, p.order(1));
+        assert_ne!(e0, (0..20_000).collect::<Vec<_>>());
+        let other = EpochPlan::new(units.clone(), 2, 32, LastBatch::Pad, 8, Some(500)).unwrap();
+        assert_ne!(e0, other.order(0));
+        // Without shuffle the order is the input order, every epoch.
+        let plain = plan(units, 2, 32, LastBatch::Pad, None);
+        assert_eq!(plain.order(3), (0..20_000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_fixed_seed_gives_a_fixed_order() {
+        // Pinned: a change here changes every user's shuffled epochs (bump ORDER_VERSION).
+        let p = plan(vec![4, 4], 1, 1, LastBatch::Pad, Some(3));
+        assert_eq!(p.order(0), PINNED);
+    }
+
+    const PINNED: [u64; 8] = [1, 2, 0, 3, 5, 4, 6, 7];
+
+    #[test]
+    fn bad_plans_are_usage_errors() {
+        assert!(EpochPlan::new(vec![1], 0, 1, LastBatch::Pad, 0, None).is_err());
+        assert!(EpochPlan::new(vec![1], 1, 0, LastBatch::Pad, 0, None).is_err());
+        assert!(EpochPlan::new(vec![1], 1, 1, LastBatch::Pad, 0, Some(0)).is_err());
+        assert!(EpochPlan::new(vec![1], usize::MAX, 2, LastBatch::Pad, 0, None).is_err());
+        assert!("pad".parse::<LastBatch>().is_ok());
+        assert!(
+            "keep"
+                .parse::<LastBatch>()
+                .unwrap_err()
+                .to_string()
+                .contains("pad")
+        );
+    }
+
+    #[test]
+    fn small_cases_by_hand() {
+        // 10 rows, 3 ranks of 2: one full step of 6, a last step of 4 real + 2 padding.
+        let p = plan(vec![10], 3, 2, LastBatch::Pad, None);
+        assert_eq!((p.steps(), p.padded_rows(), p.dropped_rows()), (2, 2, 0));
+        let at = |step, rank, slot| Some(Place { step, rank, slot });
+        assert_eq!(p.place(0, 7), at(1, 0, 1));
+        assert_eq!(p.place(0, 9), at(1, 1, 1));
+        assert_eq!(p.placement().real_rows(10, 1, 1), 2);
+        assert_eq!(p.placement().real_rows(10, 1, 2), 0);
+        let p = plan(vec![10], 3, 2, LastBatch::Drop, None);
+        assert_eq!((p.steps(), p.padded_rows(), p.dropped_rows()), (1, 0, 4));
+        assert_eq!(p.place(0, 6), None);
+        // Fewer rows than one step, and no rows at all.
+        let p = plan(vec![2], 2, 4, LastBatch::Pad, None);
+        assert_eq!((p.steps(), p.padded_rows()), (1, 6));
+        let p = plan(vec![2], 2, 4, LastBatch::Drop, None);
+        assert_eq!((p.steps(), p.dropped_rows()), (0, 2));
+        let p = plan(vec![], 2, 4, LastBatch::Pad, None);
+        assert_eq!((p.steps(), p.padded_rows(), p.order(0).len()), (0, 0, 0));
+        // Ownership: 4 ranks on 2 processes of 2 workers, 3 ranks on 2 processes of 1.
+        let o = Ownership {
+            world_size: 4,
+            processes: 2,
+            workers: 2,
+        };
+        assert_eq!((o.ranks(0), o.ranks(1)), (0..2, 2..4));
+        assert_eq!(
+            (0..4).map(|r| o.worker(r)).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        let o = Ownership {
+            world_size: 3,
+            processes: 2,
+            workers: 1,
+        };
+        assert_eq!((o.ranks(0), o.ranks(1)), (0..2, 2..3));
+        let o = Ownership {
+            world_size: 1,
+            processes: 2,
+            workers: 2,
+        };
+        assert_eq!((o.ranks(0), o.ranks(1)), (0..1, 1..1));
+    }
+}

@@ -1,0 +1,110 @@
+//! Pushed input: rows arrive with no known total, are placed as they come (a window at a
+//! time when shuffled: a window's order is fixed once it is full) and every rank is
+//! assembled here, by the same [`split`] and [`Assembler`] as the dataflow uses.
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
+
+use super::assemble::Assembler;
+use super::batch::RankBatch;
+use super::piece::{Piece, split};
+use super::plan::Placement;
+use crate::error::Result;
+
+/// Places and assembles one endless epoch (epoch 0) of pushed rows.
+pub struct StreamCutter {
+    placement: Placement,
+    owners: Vec<Assembler>,
+    /// Featurized rows whose window is not full yet, with their first position.
+    held: Vec<(u64, RecordBatch)>,
+    /// Rows taken so far.
+    rows: u64,
+    pieces: Vec<Piece>,
+}
+
+impl StreamCutter {
+    /// A cutter of batches of schema `output` (the plan's output), featurized with state
+    /// `state_version`.
+    pub fn new(placement: Placement, output: &Schema, state_version: u64) -> Result<Self> {
+        let owners = (0..placement.world_size())
+            .map(|r| Assembler::new(placement, r, output, state_version, None, (0, 0)))
+            .collect::<Result<_>>()?;
+        Ok(StreamCutter {
+            placement,
+            owners,
+            held: Vec::new(),
+            rows: 0,
+            pieces: Vec::new(),
+        })
+    }
+
+    /// Rows taken so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Takes the next featurized batch; appends the steps it completes, in step order.
+    pub fn push(&mut self, batch: RecordBatch, out: &mut Vec<RankBatch>) -> Result<()> {
+        let first = self.rows;
+        self.rows += batch.num_rows() as u64;
+        self.held.push((first, batch));
+        // Every position before `full` lies in a full window.
+        let full = self.placement.window_start(self.rows);
+        let mut keep = Vec::new();
+        for (first, batch) in std::mem::take(&mut self.held) {
+            let ready = full.saturating_sub(first).min(batch.num_rows() as u64) as usize;
+            if ready > 0 {
+                self.place(first, &batch.slice(0, ready), u64::MAX)?;
+            }
+            if ready < batch.num_rows() {
+                keep.push((
+                    first + ready as u64,
+                    batch.slice(ready, batch.num_rows() - ready),
+                ));
+            }
+        }
+        self.held = keep;
+        self.ready(out)
+    }
+
+    /// Ends the stream: places what is held and pads the last step (or drops it, as the
+    /// placement says). Returns the rows dropped.
+    pub fn end(&mut self, out: &mut Vec<RankBatch>) -> Result<u64> {
+        let rows = self.rows;
+        for (first, batch) in std::mem::take(&mut self.held) {
+            self.place(first, &batch, rows)?;
+        }
+        for o in &mut self.owners {
+            o.end_stream(rows);
+        }
+        self.ready(out)?;
+        let delivered = rows.min(self.placement.steps(rows) * self.placement.step_rows());
+        Ok(rows - delivered)
+    }
+
+    fn place(&mut self, first: u64, batch: &RecordBatch, rows: u64) -> Result<()> {
+        split(
+            &self.placement,
+            0,
+            rows,
+            first,
+            0..u64::MAX,
+            batch,
+            &mut self.pieces,
+        );
+        for piece in self.pieces.drain(..) {
+            self.owners[piece.rank].push(&piece)?;
+        }
+        Ok(())
+    }
+
+    fn ready(&mut self, out: &mut Vec<RankBatch>) -> Result<()> {
+        let at = out.len();
+        for o in &mut self.owners {
+            o.ready(out)?;
+        }
+        // Step by step across ranks, as trainers that step together read them.
+        out[at..].sort_by_key(|rb| (rb.meta.step, rb.meta.rank));
+        Ok(())
+    }
+}

@@ -1,0 +1,94 @@
+//! What happens when a thread of the dataflow panics or a peer process is lost: the job
+//! ends promptly with one line saying which, instead of hanging (timely's other workers
+//! would wait for the dead one's progress forever) or printing a backtrace.
+//!
+//! A panic hook, installed once per process, sees every panic of a timely thread
+//! (`timely:work-N`, and in a cluster `timely:send-N` / `timely:recv-N`, whose panics mean
+//! process N is gone). A worker's panic is recorded in its job's [`Fate`] (each worker
+//! thread registers its job's at start); a lost peer in the process-wide slot that every
+//! cluster job watches. [`crate::dataflow::execute`] polls both and, once either is set,
+//! returns the error without joining the workers, which may never finish.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Once, OnceLock};
+
+/// Where a job's first fatal failure (a panic in one of its workers) is recorded.
+#[derive(Debug, Clone, Default)]
+pub struct Fate(Arc<OnceLock<String>>);
+
+impl Fate {
+    /// The failure, if one happened.
+    pub fn failure(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
+    }
+
+    /// Records `failure` unless an earlier one is there.
+    pub fn fail(&self, failure: String) {
+        let _ = self.0.set(failure);
+    }
+}
+
+thread_local! {
+    /// The job whose worker runs on this thread.
+    static JOB: RefCell<Option<Fate>> = const { RefCell::new(None) };
+}
+
+/// The first lost peer of this process's cluster: `(process index, what was seen)`.
+static LOST_PEER: OnceLock<(usize, String)> = OnceLock::new();
+
+/// Marks this thread as a worker of the job with `fate`, installing the hook if needed.
+pub fn register_worker(fate: &Fate) {
+    install_hook();
+    JOB.with(|j| *j.borrow_mut() = Some(fate.clone()));
+}
+
+/// The peer process whose connection broke first, if one did.
+pub fn lost_peer() -> Option<&'static (usize, String)> {
+    LOST_PEER.get()
+}
+
+/// Installs the panic hook (once per process).
+pub fn install_hook() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let thread = std::thread::current();
+            let name = thread.name().unwrap_or("");
+            let Some(role) = name.strip_prefix("timely:") else {
+                return previous(info);
+            };
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("a panic");
+            let peer = role
+                .strip_prefix("send-")
+                .or_else(|| role.strip_prefix("recv-"))
+                .and_then(|n| n.parse::<usize>().ok());
+            if let Some(peer) = peer {
+                let _ = LOST_PEER.set((peer, message.to_string()));
+                return;
+            }
+            // A worker stopped by a lost peer ("MergeQueue poisoned") is not news.
+            if LOST_PEER.get().is_some() {
+                return;
+            }
+            let at = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            let recorded = JOB.with(|j| {
+                j.borrow()
+                    .as_ref()
+                    .map(|fate| fate.fail(format!("{role} panicked{at}: {message}")))
+                    .is_some()
+            });
+            if !recorded {
+                previous(info);
+            }
+        }));
+    });
+}

@@ -1,0 +1,219 @@
+//! Scale-out: the same rows reach the same (epoch, step, rank, slot), with the same
+//! features, whatever the layout — 1 process of 1, 2 or 3 workers, 2 processes of 2,
+//! 3 processes of 1 — because placement is a pure function of a row's position and each
+//! rank is assembled by one owner. And a cluster that loses a process stops promptly
+//! with one line, and restarting it at a step resumes exactly.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Three files (three units) of 1,003 rows in all, and a fitted state.
+fn inputs(dir: &Path) -> (PathBuf, PathBuf) {
+    let folder = dir.join("in");
+    std::fs::create_dir_all(&folder).unwrap();
+    for (i, rows) in [400u64, 301, 302].into_iter().enumerate() {
+        let f = gen_criteo(dir, rows, i as u64 + 11);
+        std::fs::rename(f, folder.join(format!("part-{i}.parquet"))).unwrap();
+    }
+    let state = dir.join("state.json");
+    hydrant_ok(&[
+        "fit",
+        "--pipeline",
+        criteo_toml().to_str().unwrap(),
+        "--input",
+        folder.to_str().unwrap(),
+        "--out",
+        state.to_str().unwrap(),
+    ]);
+    (folder, state)
+}
+
+/// The `run` arguments writing to `out` with `extra` options.
+fn run_args<'a>(io: &'a (PathBuf, PathBuf), out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "run",
+        "--pipeline",
+        "",
+        "--input",
+        io.0.to_str().unwrap(),
+        "--state",
+        io.1.to_str().unwrap(),
+        "--sink",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// Runs on `processes` × `workers` and returns the placed rows and the featurized rows.
+fn run_on(
+    dir: &Path,
+    io: &(PathBuf, PathBuf),
+    name: &str,
+    (processes, workers): (usize, usize),
+    extra: &[&str],
+) -> (Vec<Placed>, std::collections::BTreeMap<u64, Row>) {
+    let out = dir.join(name);
+    let sink = format!("parquet:{}", out.display());
+    let toml = criteo_toml();
+    let mut args = run_args(io, &sink, extra);
+    args[2] = toml.to_str().unwrap();
+    if processes == 1 {
+        let w = workers.to_string();
+        args.extend(["--workers", &w]);
+        hydrant_ok(&args);
+    } else {
+        run_cluster(dir, processes, workers, &args);
+    }
+    (read_placed(&out), read_output(&out))
+}
+
+#[test]
+fn the_same_batches_on_any_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let layouts = [(1, 2), (1, 3), (2, 2), (3, 1)];
+    for w in [1usize, 2, 3, 4, 6] {
+        for b in [1usize, 7, 1000] {
+            for shuffle in [false, true] {
+                let (ws, bs) = (w.to_string(), b.to_string());
+                let mut extra = vec!["--ranks", &ws, "--batch-size", &bs, "--epochs", "2"];
+                if shuffle {
+                    extra.extend(["--shuffle", "--shuffle-window", "97", "--seed", "3"]);
+                }
+                let name = format!("w{w}-b{b}-{shuffle}");
+                let (placed, rows) =
+                    run_on(dir.path(), &io, &format!("{name}-1x1"), (1, 1), &extra);
+                let steps = 1003u64.div_ceil((w * b) as u64);
+                assert_eq!(placed.len() as u64, 2 * steps * (w * b) as u64, "{name}");
+                for layout in layouts {
+                    let tag = format!("{name}-{}x{}", layout.0, layout.1);
+                    let (p, r) = run_on(dir.path(), &io, &tag, layout, &extra);
+                    assert!(p == placed, "{tag}: rows placed differently from 1x1");
+                    assert!(r == rows, "{tag}: features differ from 1x1");
+                }
+                // Resumed at a middle step of the second epoch, on a cluster: exactly the
+                // uninterrupted run's tail.
+                let mid = (steps / 2).to_string();
+                let mut resumed = extra.clone();
+                resumed.extend(["--start-epoch", "1", "--start-step", &mid]);
+                let tag = format!("{name}-resumed");
+                let (p, _) = run_on(dir.path(), &io, &tag, (2, 2), &resumed);
+                let tail: Vec<Placed> = placed
+                    .iter()
+                    .filter(|x| (x.epoch, x.step) >= (1, steps / 2))
+                    .copied()
+                    .collect();
+                assert!(p == tail, "{tag}: not the tail of the full run");
+            }
+        }
+    }
+}
+
+#[test]
+fn each_process_delivers_its_own_ranks_through_its_loaders() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    let mut args = run_args(
+        &io,
+        "null",
+        &["--ranks", "4", "--batch-size", "50", "--epochs", "2"],
+    );
+    args[2] = toml.to_str().unwrap();
+    let summaries = run_cluster(dir.path(), 2, 2, &args);
+    let steps = 1003u64.div_ceil(200);
+    let mut rows = 0;
+    for (p, s) in summaries.iter().enumerate() {
+        let per_rank: Vec<u64> = serde_json::from_value(s["steps_per_rank"].clone()).unwrap();
+        // Process 0 owns ranks 0 and 1, process 1 ranks 2 and 3: equal steps, each its own.
+        let mine = [2 * p, 2 * p + 1];
+        for (r, n) in per_rank.iter().enumerate() {
+            let want = if mine.contains(&r) { 2 * steps } else { 0 };
+            assert_eq!(*n, want, "process {p}, rank {r}: {s}");
+        }
+        rows += s["rows"].as_u64().unwrap();
+    }
+    assert_eq!(rows, 2 * 1003);
+    // A trainer of its own needs a process per node, but logreg's all-reduce is in memory.
+    let mut train = args.clone();
+    train[8] = "train:logreg";
+    let children = spawn_cluster(dir.path(), 2, 1, &train);
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains("one process"), "{stderr}");
+    }
+}
+
+#[test]
+fn losing_a_process_stops_the_cluster_and_a_restart_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    let shared = [
+        "--ranks",
+        "2",
+        "--batch-size",
+        "10",
+        "--shuffle",
+        "--seed",
+        "4",
+    ];
+    // Long enough to be killed in the middle: many epochs, consumed by the loaders.
+    let mut long = shared.to_vec();
+    long.extend(["--epochs", "100000"]);
+    let mut args = run_args(&io, "null", &long);
+    args[2] = toml.to_str().unwrap();
+    let mut children = spawn_cluster(dir.path(), 2, 1, &args);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        children[0].try_wait().unwrap().is_none(),
+        "process 0 ended early"
+    );
+    children[1].kill().unwrap();
+    let _ = children[1].wait();
+    let killed = Instant::now();
+    let mut survivor = children.remove(0);
+    while survivor.try_wait().unwrap().is_none() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "process 0 still runs 10 s after process 1 was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = survivor.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("lost process 1"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // The trainers checkpointed step 40 of epoch 0: both processes restart from there and
+    // deliver exactly the rest of an uninterrupted run.
+    let mut full = shared.to_vec();
+    full.extend(["--epochs", "2"]);
+    let (reference, _) = run_on(dir.path(), &io, "reference", (1, 1), &full);
+    let mut resumed = full.clone();
+    resumed.extend(["--start-step", "40"]);
+    let (after, _) = run_on(dir.path(), &io, "resumed", (2, 1), &resumed);
+    let (before, tail): (Vec<Placed>, Vec<Placed>) =
+        reference.iter().partition(|p| (p.epoch, p.step) < (0, 40));
+    assert!(after == tail, "the restart is not the rest of the run");
+    // Every real row exactly once per epoch across the checkpoint.
+    for epoch in 0..2 {
+        let mut ids: Vec<u64> = before
+            .iter()
+            .chain(&after)
+            .filter(|p| p.epoch == epoch && !p.is_padding)
+            .map(|p| p.row_id)
+            .collect();
+        ids.sort();
+        assert_eq!(ids, (0..1003).collect::<Vec<_>>(), "epoch {epoch}");
+    }
+}
