@@ -1,10 +1,16 @@
 //! The `own` operator: on the worker that owns a rank, assembles the rank's steps from the
 //! pieces readers send it and emits them in step order, epoch after epoch.
 //!
-//! It holds a capability at the time of the earliest step its ranks still wait for
+//! It holds a capability at the time of the earliest step it has not emitted
 //! ([`Delivery::step_time`]), so a probe after it tells readers how far the slowest owner
 //! has come: that is the flow control that bounds memory.
+//!
+//! A worker that owns several ranks emits their steps in lockstep — step `s` of every one
+//! of them before step `s + 1` of any — because the sink after it blocks when a rank's
+//! loader is full: a rank that ran ahead must never hold up, in the same worker, the step
+//! a slower rank's trainer waits for (its all-reduce would wait forever).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::datatypes::Schema;
@@ -37,20 +43,26 @@ pub fn own<'s>(
             let start = (delivery.start_epoch, delivery.start_step);
             let rows = Some(delivery.plan.rows());
             let placement = *delivery.plan.placement();
-            let made: Result<Vec<Assembler>> = ranks
+            let made: Result<Vec<Owned>> = ranks
                 .iter()
-                .map(|&r| Assembler::new(placement, r, &output, state_version, rows, start))
+                .map(|&r| {
+                    let assembler =
+                        Assembler::new(placement, r, &output, state_version, rows, start)?;
+                    Ok(Owned {
+                        assembler,
+                        cut: VecDeque::new(),
+                    })
+                })
                 .collect();
             let mut owners = made.map_err(|e| errors.set("own", e)).unwrap_or_default();
             let mut cap = Some(cap);
-            let mut out = Vec::new();
             move |(input, frontier), output| {
                 let mut failed = None;
                 input.for_each(|_, data| {
                     for piece in data.drain(..) {
-                        let owner = owners.iter_mut().find(|o| o.rank() == piece.rank);
+                        let owner = owners.iter_mut().find(|o| o.assembler.rank() == piece.rank);
                         let pushed = match owner {
-                            Some(o) => o.push(&piece),
+                            Some(o) => o.assembler.push(&piece),
                             None => Err(crate::Error::Dataflow(format!(
                                 "a piece of rank {} reached a worker that does not own it",
                                 piece.rank
@@ -65,23 +77,27 @@ pub fn own<'s>(
                     return;
                 };
                 for o in &mut owners {
-                    if let Err(e) = advance(o, &delivery, &mut out) {
+                    if let Err(e) = o.advance(&delivery) {
                         failed.get_or_insert(e.to_string());
                     }
                 }
-                if !out.is_empty() {
-                    output.session(&*c).give_iterator(out.drain(..));
+                // Lockstep: a step goes out once every rank here has it.
+                while !owners.is_empty() && owners.iter().all(|o| !o.cut.is_empty()) {
+                    let mut session = output.session(&*c);
+                    for o in &mut owners {
+                        session.give_iterator(o.cut.pop_front().into_iter());
+                    }
                 }
                 let waiting = owners
                     .iter()
-                    .filter(|o| o.next().0 < delivery.epochs)
-                    .min_by_key(|o| o.next());
-                if let Some(o) = waiting.filter(|_| failed.is_none() && frontier.is_empty()) {
-                    let (epoch, step) = o.next();
+                    .map(Owned::next)
+                    .filter(|&(epoch, _)| epoch < delivery.epochs)
+                    .min();
+                if let Some((epoch, step)) =
+                    waiting.filter(|_| failed.is_none() && frontier.is_empty())
+                {
                     failed = Some(format!(
-                        "the input ended while rank {} still waited for step {step} of epoch \
-                         {epoch}",
-                        o.rank()
+                        "the input ended while step {step} of epoch {epoch} still waited for rows"
                     ));
                 }
                 match (failed, waiting) {
@@ -90,8 +106,7 @@ pub fn own<'s>(
                         cap = None;
                     }
                     (None, None) => cap = None,
-                    (None, Some(o)) => {
-                        let (epoch, step) = o.next();
+                    (None, Some((epoch, step))) => {
                         c.downgrade(&delivery.step_time(epoch, step));
                     }
                 }
@@ -100,17 +115,36 @@ pub fn own<'s>(
     )
 }
 
-/// Emits what `owner` can, moving on through the epochs it finishes.
-fn advance(owner: &mut Assembler, delivery: &Delivery, out: &mut Vec<RankBatch>) -> Result<()> {
-    loop {
-        let (epoch, _) = owner.next();
-        if epoch >= delivery.epochs {
-            return Ok(());
+/// One owned rank: its assembler, and the steps cut but not yet emitted.
+struct Owned {
+    assembler: Assembler,
+    cut: VecDeque<RankBatch>,
+}
+
+impl Owned {
+    /// The first step not emitted.
+    fn next(&self) -> (u64, u64) {
+        self.cut
+            .front()
+            .map_or(self.assembler.next(), |rb| (rb.meta.epoch, rb.meta.step))
+    }
+
+    /// Cuts what can be cut, moving on through the epochs it finishes.
+    fn advance(&mut self, delivery: &Delivery) -> Result<()> {
+        let mut out = Vec::new();
+        loop {
+            let (epoch, _) = self.assembler.next();
+            if epoch >= delivery.epochs {
+                break;
+            }
+            self.assembler.ready(&mut out)?;
+            if !self.assembler.epoch_done() {
+                break;
+            }
+            self.assembler
+                .start_epoch(epoch + 1, delivery.first_step(epoch + 1));
         }
-        owner.ready(out)?;
-        if !owner.epoch_done() {
-            return Ok(());
-        }
-        owner.start_epoch(epoch + 1, delivery.first_step(epoch + 1));
+        self.cut.extend(out);
+        Ok(())
     }
 }
