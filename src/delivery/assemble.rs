@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 
 use arrow::array::RecordBatch;
-use arrow::compute::interleave_record_batch;
 use arrow::datatypes::{Schema, SchemaRef};
 use hydrant_operators::Batch;
 
 use super::batch::{RankBatch, StepMeta, delivery_schema, padding_batch, with_padding};
+use super::gather::gather;
 use super::piece::Piece;
 use super::plan::Placement;
 use crate::error::{Error, Result};
@@ -196,7 +196,7 @@ impl Assembler {
                 *pick = (p, row as usize);
             }
         }
-        Ok(interleave_record_batch(&sources, &picks)?)
+        gather(self.padding.schema_ref(), &sources, &picks)
     }
 }
 

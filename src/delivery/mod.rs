@@ -11,6 +11,7 @@
 
 mod assemble;
 mod batch;
+mod gather;
 mod own;
 mod permute;
 mod piece;
