@@ -4,8 +4,8 @@
 //! featurized batch ─► place (reader, any worker) ─► pieces by rank ─► own (the rank's worker) ─► rank batches in step order
 //! ```
 //!
-//! [`EpochPlan`] places a row from its position alone ([`plan`]); readers split each
-//! featurized batch into [`Piece`]s by destination rank ([`piece`], the `place` operator);
+//! [`EpochPlan`] places a row from its position alone (`plan.rs`); readers split each
+//! featurized batch into [`Piece`]s by destination rank ([`split`], the `place` operator);
 //! the worker that owns a rank ([`Ownership`]) assembles its steps ([`Assembler`], the
 //! `own` operator). Nothing is sequential across ranks and no worker sees every row.
 
