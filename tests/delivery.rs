@@ -11,23 +11,7 @@ use common::*;
 
 /// Three input files (three units) whose 5,003 rows divide evenly by none of the sizes.
 fn inputs(dir: &Path) -> (PathBuf, PathBuf) {
-    let folder = dir.join("in");
-    std::fs::create_dir_all(&folder).unwrap();
-    for (i, rows) in [2000u64, 1501, 1502].into_iter().enumerate() {
-        let f = gen_criteo(dir, rows, i as u64 + 1);
-        std::fs::rename(f, folder.join(format!("part-{i}.parquet"))).unwrap();
-    }
-    let state = dir.join("state.json");
-    hydrant_ok(&[
-        "fit",
-        "--pipeline",
-        criteo_toml().to_str().unwrap(),
-        "--input",
-        folder.to_str().unwrap(),
-        "--out",
-        state.to_str().unwrap(),
-    ]);
-    (folder, state)
+    folder_with_state(dir, &[2000, 1501, 1502], 1)
 }
 
 const ROWS: u64 = 5003;

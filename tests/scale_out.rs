@@ -13,23 +13,7 @@ use common::*;
 
 /// Three files (three units) of 1,003 rows in all, and a fitted state.
 fn inputs(dir: &Path) -> (PathBuf, PathBuf) {
-    let folder = dir.join("in");
-    std::fs::create_dir_all(&folder).unwrap();
-    for (i, rows) in [400u64, 301, 302].into_iter().enumerate() {
-        let f = gen_criteo(dir, rows, i as u64 + 11);
-        std::fs::rename(f, folder.join(format!("part-{i}.parquet"))).unwrap();
-    }
-    let state = dir.join("state.json");
-    hydrant_ok(&[
-        "fit",
-        "--pipeline",
-        criteo_toml().to_str().unwrap(),
-        "--input",
-        folder.to_str().unwrap(),
-        "--out",
-        state.to_str().unwrap(),
-    ]);
-    (folder, state)
+    folder_with_state(dir, &[400, 301, 302], 11)
 }
 
 /// The `run` arguments writing to `out` with `extra` options.

@@ -94,21 +94,29 @@ impl Assembler {
     /// Takes a piece of this rank's rows.
     pub fn push(&mut self, piece: &Piece) -> Result<()> {
         let b = self.placement.batch_size() as u64;
+        let step_rows = self.placement.step_rows();
         let mut k = 0;
         while k < piece.indices.len() {
-            let step = self.placement.place(piece.indices[k]).step;
+            // Indices ascend: one division finds the step, then slots are offsets in it.
+            let step = piece.indices[k] / step_rows;
             if (piece.epoch, step) < (self.epoch, self.next_step) {
                 return Err(self.duplicate(piece.epoch, step));
             }
+            let first = step * step_rows + self.rank as u64 * b;
             let parts = self.pending.entry((piece.epoch, step)).or_default();
             let mut picks = Vec::new();
             while let Some(&i) = piece.indices.get(k) {
-                let place = self.placement.place(i);
-                if place.step != step {
+                if i >= (step + 1) * step_rows {
                     break;
                 }
-                debug_assert_eq!(place.rank, self.rank);
-                picks.push((place.slot as u32, piece.row(k) as u32));
+                let slot = i.wrapping_sub(first);
+                if slot >= b {
+                    return Err(Error::Dataflow(format!(
+                        "rank {} received row {i} of epoch {}, which is another rank's",
+                        self.rank, piece.epoch
+                    )));
+                }
+                picks.push((slot as u32, piece.row(k) as u32));
                 k += 1;
             }
             parts.rows += picks.len();

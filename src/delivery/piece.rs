@@ -116,8 +116,7 @@ pub fn split(
                 None => p,
             };
             if deliver.contains(&i) {
-                let rank = placement.place(i).rank;
-                by_rank[rank].push((i, (p - first_pos) as u32));
+                by_rank[placement.rank_of(i)].push((i, (p - first_pos) as u32));
             }
         }
         row = (end - first_pos) as usize;

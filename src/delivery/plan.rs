@@ -183,6 +183,12 @@ impl Placement {
         }
     }
 
+    /// The rank output index `i` goes to (what [`Placement::place`] says, cheaper).
+    #[inline]
+    pub fn rank_of(&self, i: u64) -> usize {
+        ((i % self.step_rows()) / self.batch_size as u64) as usize
+    }
+
     /// Real rows rank `rank` receives at step `step` of an epoch of `rows` rows (0 for a
     /// step past the end).
     pub fn real_rows(&self, rows: u64, step: u64, rank: usize) -> usize {

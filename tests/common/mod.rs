@@ -64,6 +64,28 @@ pub fn gen_criteo(dir: &Path, rows: u64, seed: u64) -> PathBuf {
     path
 }
 
+/// A folder `dir/in` of Criteo-like files (one unit each) of `rows[i]` rows with seed
+/// `first_seed + i`, and a state fitted on it at `dir/state.json`.
+pub fn folder_with_state(dir: &Path, rows: &[u64], first_seed: u64) -> (PathBuf, PathBuf) {
+    let folder = dir.join("in");
+    std::fs::create_dir_all(&folder).unwrap();
+    for (i, &n) in rows.iter().enumerate() {
+        let f = gen_criteo(dir, n, first_seed + i as u64);
+        std::fs::rename(f, folder.join(format!("part-{i}.parquet"))).unwrap();
+    }
+    let state = dir.join("state.json");
+    hydrant_ok(&[
+        "fit",
+        "--pipeline",
+        criteo_toml().to_str().unwrap(),
+        "--input",
+        folder.to_str().unwrap(),
+        "--out",
+        state.to_str().unwrap(),
+    ]);
+    (folder, state)
+}
+
 /// Reads all batches of a Parquet file.
 pub fn read_parquet(path: &Path) -> Vec<RecordBatch> {
     let file = std::fs::File::open(path).unwrap();
