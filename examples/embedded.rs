@@ -8,8 +8,8 @@
 
 use std::sync::{Barrier, Mutex};
 
+use hydrant::Pipeline;
 use hydrant::loader::TrainingBatch;
-use hydrant::pipeline::Pipeline;
 
 const RANKS: usize = 2;
 
@@ -23,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&dir)?;
     let data = dir.join(format!("criteo-{rows}.parquet"));
     if !data.exists() {
-        hydrant::generate::criteo(rows, &data, 42)?;
+        hydrant::demo::criteo(rows, &data, 42)?;
     }
 
     let numeric: Vec<String> = (0..13).map(|i| format!("i{i}")).collect();
@@ -42,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .epochs(2)
         .shuffle(7, 65_536)
         .build()?;
-    let plan = pipeline.epoch_plan()?;
+    let plan = pipeline.epoch_plan();
     println!(
         "{} rows -> {} steps per rank per epoch, {} padding rows per epoch",
         plan.rows(),

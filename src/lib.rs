@@ -15,11 +15,11 @@
 //! your own training loop (one thread per rank, as the trainers of a data-parallel job):
 //!
 //! ```
-//! use hydrant::pipeline::Pipeline;
+//! use hydrant::Pipeline;
 //!
 //! # let dir = tempfile::tempdir()?;
 //! # let data = dir.path().join("clicks.parquet");
-//! # hydrant::generate::criteo(20_000, &data, 7)?;
+//! # hydrant::demo::criteo(20_000, &data, 7)?;
 //! let numeric: Vec<String> = (0..13).map(|i| format!("i{i}")).collect();
 //! let categorical: Vec<String> = (0..26).map(|i| format!("c{i}")).collect();
 //! let pipeline = Pipeline::builder("clicks")
@@ -54,24 +54,24 @@
 //! The same runs from the command line with a pipeline file: `hydrant run --pipeline
 //! examples/criteo.toml --input DATA --ranks 2 --sink train:logreg`. The pieces are public
 //! too: pipeline files ([`PipelineSpec`]), inputs ([`source::Inputs`]), the dataflow
-//! ([`dataflow::execute`]), delivery ([`delivery`]: plan, placement, assembly) and sinks.
+//! ([`runtime::execute`]), delivery ([`delivery`]: plan, placement, assembly) and sinks.
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
-pub mod dataflow;
 pub mod delivery;
+pub mod demo;
 mod error;
-pub mod fate;
-pub mod generate;
 pub mod loader;
 pub mod metrics;
-pub mod pipeline;
+mod pipeline;
+pub mod runtime;
 pub mod serve;
 pub mod sink;
 pub mod source;
 mod spec;
-pub mod train;
 
+pub use delivery::{EpochPlan, LastBatch, ORDER_VERSION, Placement};
 pub use error::{Error, Result, error_line};
 pub use hydrant_operators as operators;
+pub use loader::{Backend, Loader, LoaderConfig, TrainingBatch};
+pub use pipeline::{Pipeline, PipelineBuilder, RunOptions, Running, read_state, start};
+pub use runtime::Cluster;
 pub use spec::{DEFAULT_BATCH_ROWS, InputKind, PipelineSpec};

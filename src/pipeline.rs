@@ -3,18 +3,18 @@
 //!
 //! [`TrainingBatch`]: crate::loader::TrainingBatch
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use hydrant_operators::{ErrorSlot, FeatureGroup, FittedState, GroupKind, LabelSpec, Step};
+use hydrant_operators::{FeatureGroup, FittedState, GroupKind, LabelSpec, Step};
 
-use crate::dataflow::{self, Cluster, Job, Output, Report};
 use crate::delivery::{Delivery, EpochPlan, LastBatch, Ownership};
 use crate::error::{Error, Result};
 use crate::loader::{self, Loader, LoaderConfig};
+use crate::runtime::{self, Cluster, Job, Output, Report};
 use crate::source::Inputs;
 use crate::spec::{DEFAULT_BATCH_ROWS, PipelineSpec};
 
@@ -242,6 +242,7 @@ pub struct Pipeline {
     delivery: Delivery,
     cluster: Cluster,
     loader: LoaderConfig,
+    state_load: Duration,
 }
 
 impl Pipeline {
@@ -283,7 +284,30 @@ impl Pipeline {
             delivery,
             cluster: options.cluster,
             loader: options.loader,
+            state_load: Duration::ZERO,
         })
+    }
+
+    /// A pipeline from a pipeline file over `inputs`, with the fitted state in `state`
+    /// (read, checked and bound before any data is read), or fitted when it starts.
+    pub fn from_files(
+        pipeline: &Path,
+        inputs: &[PathBuf],
+        state: Option<&Path>,
+        options: RunOptions,
+    ) -> Result<Self> {
+        let spec = PipelineSpec::from_file(pipeline)?;
+        let loaded = Instant::now();
+        let fitted = state.map(read_state).transpose()?;
+        let mut p = Pipeline::new(spec, inputs, fitted, options).map_err(|e| match (e, state) {
+            (Error::Op(op), Some(path)) => Error::State {
+                path: path.to_path_buf(),
+                reason: op.to_string(),
+            },
+            (e, _) => e,
+        })?;
+        p.state_load = loaded.elapsed();
+        Ok(p)
     }
 
     /// The pipeline as specified.
@@ -292,25 +316,58 @@ impl Pipeline {
     }
 
     /// The delivery plan (steps per epoch, padding, ...).
-    pub fn epoch_plan(&self) -> Result<EpochPlan> {
-        Ok(self.delivery.plan.as_ref().clone())
+    pub fn epoch_plan(&self) -> &EpochPlan {
+        &self.delivery.plan
     }
 
-    /// Starts the dataflow and one loader per rank; fits first if no state was given.
-    pub fn start(self) -> Result<Running> {
-        let job = Job {
-            delivery: self.delivery,
-            inputs: self.inputs,
-            plan: self.plan,
-            state: self.state,
-            bound: self.bound,
-            output: None,
-            started: Instant::now(),
-            progress: Default::default(),
-            errors: ErrorSlot::default(),
-        };
-        start(job, self.cluster, self.loader)
+    /// Where it runs.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
     }
+
+    /// The loaders' prefetch and backend.
+    pub fn loader(&self) -> LoaderConfig {
+        self.loader
+    }
+
+    /// Time spent reading and binding the state given to [`Pipeline::from_files`].
+    pub fn state_load(&self) -> Duration {
+        self.state_load
+    }
+
+    /// The dataflow job, for a caller that runs it itself ([`runtime::execute`]).
+    pub fn into_job(self) -> Job {
+        Job::new(
+            self.inputs,
+            self.plan,
+            self.state,
+            self.bound,
+            self.delivery,
+        )
+    }
+
+    /// Starts the dataflow and one loader per rank of this process; fits first if no
+    /// state was given.
+    pub fn start(self) -> Result<Running> {
+        let (cluster, loader) = (self.cluster.clone(), self.loader);
+        start(self.into_job(), cluster, loader)
+    }
+}
+
+/// Reads a fitted state file (mapped, and the map populated up front: copying megabytes
+/// of vocabulary into fresh pages cost more than parsing half of them).
+pub fn read_state(path: &Path) -> Result<FittedState> {
+    let err = |reason: String| Error::State {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+    // SAFETY: the map is only read, and only for this function; a state file changed while
+    // it is read gives a parse error or a state whose checks fail, as a torn read would.
+    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
+        .map_err(|e| err(e.to_string()))?;
+    let text = std::str::from_utf8(&map).map_err(|e| err(e.to_string()))?;
+    FittedState::from_json(text).map_err(|e| err(e.to_string()))
 }
 
 /// Starts `job` on `cluster` with the rank batches of this process's ranks going to one
@@ -336,7 +393,7 @@ pub fn start(mut job: Job, cluster: Cluster, config: LoaderConfig) -> Result<Run
     let progress = job.progress.clone();
     let dataflow = std::thread::Builder::new()
         .name("hydrant-dataflow".into())
-        .spawn(move || dataflow::execute(job, &cluster, || {}))
+        .spawn(move || runtime::execute(job, &cluster, || {}))
         .map_err(|e| Error::Dataflow(format!("cannot start the dataflow: {e}")))?;
     Ok(Running {
         local,

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hydrant::pipeline::Pipeline;
+use hydrant::Pipeline;
 
 /// This process's peak resident memory, in MiB (Linux `VmHWM`).
 fn peak_rss_mb() -> f64 {
@@ -83,7 +83,7 @@ fn run(data: &std::path::Path, slow: Duration) -> Seen {
 fn a_slow_rank_slows_the_sources_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("clicks.parquet");
-    hydrant::generate::criteo(ROWS, &data, 3).unwrap();
+    hydrant::demo::criteo(ROWS, &data, 3).unwrap();
     let steps = ROWS.div_ceil(2 * B as u64);
 
     let fast = run(&data, Duration::ZERO);

@@ -4,8 +4,8 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use hydrant::pipeline::Pipeline;
-use hydrant::train::{TrainConfig, TrainReport, train};
+use hydrant::Pipeline;
+use hydrant::demo::{TrainConfig, TrainReport, train};
 
 fn pipeline(data: &std::path::Path, ranks: usize, batch: usize) -> Pipeline {
     let numeric: Vec<String> = (0..13).map(|i| format!("i{i}")).collect();
@@ -44,7 +44,7 @@ fn train_within_a_minute(p: Pipeline, config: TrainConfig) -> TrainReport {
 fn the_loss_falls() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d.parquet");
-    hydrant::generate::criteo(200_000, &data, 5).unwrap();
+    hydrant::demo::criteo(200_000, &data, 5).unwrap();
     let report = train_within_a_minute(pipeline(&data, 2, 1024), TrainConfig::default());
     assert_eq!(report.steps, 200_000u64.div_ceil(2048));
     assert_eq!(report.rows, 200_000);
@@ -59,7 +59,7 @@ fn the_loss_falls() {
 fn ranks_stop_together_whatever_their_speed() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d.parquet");
-    hydrant::generate::criteo(9_001, &data, 6).unwrap();
+    hydrant::demo::criteo(9_001, &data, 6).unwrap();
     for (ranks, step_ms) in [
         (2, 0),
         (3, 0),

@@ -16,6 +16,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use hydrant_operators::{ErrorSlot, ROW_ID};
 
 use crate::delivery::{IS_PADDING, RankBatch, StepMeta};
+
+#[cfg(feature = "cuda")]
+mod cuda;
 use crate::error::{Error, Result};
 
 /// Where a loader puts its batches.
@@ -52,7 +55,7 @@ pub enum Storage<T: arrow::datatypes::ArrowNativeType> {
     Host(ScalarBuffer<T>),
     /// Device memory.
     #[cfg(feature = "cuda")]
-    Device(crate::cuda::DeviceBuffer<T>),
+    Device(cuda::DeviceBuffer<T>),
 }
 
 /// A row-major `[rows, cols]` tensor.
@@ -325,7 +328,7 @@ pub fn spawn(
 enum Converter {
     Host,
     #[cfg(feature = "cuda")]
-    Cuda(Box<crate::cuda::Uploader>),
+    Cuda(Box<cuda::Uploader>),
 }
 
 impl Converter {
@@ -333,7 +336,7 @@ impl Converter {
         match backend {
             Backend::Host => Converter::Host,
             #[cfg(feature = "cuda")]
-            Backend::Cuda(device) => match crate::cuda::Uploader::new(device) {
+            Backend::Cuda(device) => match cuda::Uploader::new(device) {
                 Ok(u) => Converter::Cuda(Box::new(u)),
                 Err(why) => {
                     fall_back(&why);

@@ -6,7 +6,7 @@
 //! (`timely:work-N`, and in a cluster `timely:send-N` / `timely:recv-N`, whose panics mean
 //! process N is gone). A worker's panic is recorded in its job's [`Fate`] (each worker
 //! thread registers its job's at start); a lost peer in the process-wide slot that every
-//! cluster job watches. [`crate::dataflow::execute`] polls both and, once either is set,
+//! cluster job watches. [`super::execute`] polls both and, once either is set,
 //! returns the error without joining the workers, which may never finish.
 
 use std::cell::RefCell;

@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use hydrant::dataflow;
+use hydrant::runtime;
 use hydrant::{Error, PipelineSpec, Result};
 use serde_json::json;
 
-use super::{Common, DeliveryArgs, prepare, read_state, round3};
+use hydrant::read_state;
+
+use super::{Common, DeliveryArgs, prepare, round3};
 
 #[derive(Args, Clone)]
 pub(crate) struct ServeArgs {
@@ -59,12 +61,9 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     let served = if spec.input == hydrant::InputKind::Flight {
         ingest_pipeline(args, spec.clone())?
     } else {
-        let (_, job, cluster, _, _) = prepare(
-            &args.common,
-            args.state.as_deref(),
-            Some(&args.delivery),
-            started,
-        )?;
+        let pipeline = prepare(&args.common, args.state.as_deref(), Some(&args.delivery))?;
+        let cluster = pipeline.cluster().clone();
+        let job = pipeline.into_job();
         if cluster.processes > 1 {
             return Err(Error::Usage("serve runs in one process".into()));
         }
@@ -72,7 +71,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         let state = match job.state.clone() {
             Some(s) => s,
             None => {
-                let report = dataflow::execute(job, &cluster, || {})?;
+                let report = runtime::execute(job, &cluster, || {})?;
                 report
                     .state
                     .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?
@@ -191,7 +190,7 @@ fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serv
     })?;
     let state = read_state(path)?;
     let d = &args.delivery;
-    let options = d.options(hydrant::dataflow::Cluster::local(1))?;
+    let options = d.options(hydrant::runtime::Cluster::local(1))?;
     let plan = hydrant::delivery::EpochPlan::new(
         Vec::new(),
         options.ranks,

@@ -22,8 +22,8 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use hydrant_flight::{BatchMeta, RankStream, ServeError, Served, batch_bytes};
 use hydrant_operators::{ErrorSlot, FeaturePlan, FittedState, Transformer};
 
-use crate::dataflow::{self, Cluster, Job, Output};
 use crate::delivery::{Delivery, RankBatch, StreamCutter, delivery_schema};
+use crate::runtime::{self, Cluster, Job, Output};
 use crate::source::{Inputs, with_row_id};
 use crate::spec::PipelineSpec;
 
@@ -220,28 +220,26 @@ impl ServedPipeline {
         };
         let (senders, session) =
             Session::with_queues(epoch, start_step, only, self.delivery.plan.world_size());
-        let job = Job {
-            inputs: inputs.clone(),
-            plan: self.plan.clone(),
-            state: Some(self.state.clone()),
-            bound: Some(self.bound.clone()),
-            delivery: Delivery {
+        let mut job = Job::new(
+            inputs.clone(),
+            self.plan.clone(),
+            Some(self.state.clone()),
+            Some(self.bound.clone()),
+            Delivery {
                 plan: self.delivery.plan.clone(),
                 epochs: epoch + 1,
                 start_epoch: epoch,
                 start_step,
             },
-            output: Some(Output::Channels(senders)),
-            started: Instant::now(),
-            progress: Default::default(),
-            errors: session.errors.clone(),
-        };
+        );
+        job.output = Some(Output::Channels(senders));
+        job.errors = session.errors.clone();
         let cluster = Cluster::local(self.workers);
         let (done, errors) = (session.done.clone(), session.errors.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("hydrant-session-{epoch}"))
             .spawn(move || {
-                if let Err(e) = dataflow::execute(job, &cluster, || {}) {
+                if let Err(e) = runtime::execute(job, &cluster, || {}) {
                     errors.set("session", e);
                 }
                 done.store(true, Ordering::SeqCst);

@@ -8,20 +8,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
-use hydrant::dataflow::{self, Cluster, Job, Output};
 use hydrant::delivery::LastBatch;
+use hydrant::demo::{TrainConfig, TrainReport};
 use hydrant::loader::{Backend, LoaderConfig};
-use hydrant::operators::FittedState;
-use hydrant::pipeline::RunOptions;
+use hydrant::runtime::{self, Output};
 use hydrant::sink::SinkSpec;
-use hydrant::source::Inputs;
-use hydrant::train::{TrainConfig, TrainReport};
-use hydrant::{Error, PipelineSpec, Result};
+use hydrant::{Cluster, Pipeline, RunOptions};
+use hydrant::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use serve_cmd::ServeArgs;
+use serve::ServeArgs;
 
-mod serve_cmd;
+mod serve;
 
 #[derive(Parser)]
 #[command(
@@ -205,7 +203,7 @@ fn dispatch(command: Command) -> Result<()> {
             kind: GenKind::Criteo { rows, out, seed },
         } => {
             let t0 = Instant::now();
-            hydrant::generate::criteo(rows, &out, seed)?;
+            hydrant::demo::criteo(rows, &out, seed)?;
             println!(
                 "{}",
                 json!({"rows": rows, "out": out, "seconds": round3(t0.elapsed().as_secs_f64())})
@@ -213,9 +211,9 @@ fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Fit { common, out } => {
-            let started = Instant::now();
-            let (spec, job, cluster, _, _) = prepare(&common, None, None, started)?;
-            let report = dataflow::execute(job, &cluster, || {})?;
+            let pipeline = prepare(&common, None, None)?;
+            let (spec, cluster) = (pipeline.spec().clone(), pipeline.cluster().clone());
+            let report = runtime::execute(pipeline.into_job(), &cluster, || {})?;
             let state = report
                 .state
                 .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?;
@@ -233,7 +231,7 @@ fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run(&args).map(|_| ()),
-        Command::Serve(args) => serve_cmd::serve(&args),
+        Command::Serve(args) => serve::serve(&args),
         Command::Demo { rows, dir } => demo(rows, &dir),
     }
 }
@@ -247,7 +245,7 @@ fn demo(rows: u64, dir: &Path) -> Result<()> {
             data.display()
         );
         let partial = data.with_extension("parquet.partial");
-        hydrant::generate::criteo(rows, &partial, 42)?;
+        hydrant::demo::criteo(rows, &partial, 42)?;
         std::fs::rename(&partial, &data)
             .map_err(|e| Error::Usage(format!("{}: {e}", data.display())))?;
     }
@@ -304,31 +302,12 @@ fn demo(rows: u64, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The pipeline of a command, checked against its inputs (and its state, if given).
 fn prepare(
     common: &Common,
     state: Option<&Path>,
     delivery: Option<&DeliveryArgs>,
-    started: Instant,
-) -> Result<(PipelineSpec, Job, Cluster, RunOptions, Duration)> {
-    let spec = PipelineSpec::from_file(&common.pipeline)?;
-    let mut inputs = Inputs::open(&common.input, spec.batch_rows)?;
-    let plan = spec.plan(&inputs.schema())?;
-    inputs.prepare(&plan, |s| spec.plan(s))?;
-    let load_started = Instant::now();
-    let (state, bound) = match state {
-        None => (None, None),
-        Some(path) => {
-            let err = |reason: String| Error::State {
-                path: path.to_path_buf(),
-                reason,
-            };
-            let state = read_state(path)?;
-            // Bind once here so that a state that does not fit fails before any data is read.
-            let bound = plan.transformer(&state).map_err(|e| err(e.to_string()))?;
-            (Some(state), Some(bound))
-        }
-    };
-    let state_load = load_started.elapsed();
+) -> Result<Pipeline> {
     let workers = common
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -339,40 +318,13 @@ fn prepare(
         hostfile: common.hostfile.clone(),
     };
     let options = match delivery {
-        Some(d) => d.options(cluster.clone())?,
+        Some(d) => d.options(cluster)?,
         None => RunOptions {
-            cluster: cluster.clone(),
+            cluster,
             ..RunOptions::default()
         },
     };
-    let job = Job {
-        delivery: options.delivery(&inputs)?,
-        inputs: Arc::new(inputs),
-        plan: Arc::new(plan),
-        state,
-        bound,
-        output: None,
-        started,
-        progress: Default::default(),
-        errors: Default::default(),
-    };
-    Ok((spec, job, cluster, options, state_load))
-}
-
-/// Reads a fitted state file (mapped, and the map populated up front: copying megabytes
-/// of vocabulary into fresh pages cost more than parsing half of them).
-fn read_state(path: &Path) -> Result<FittedState> {
-    let err = |reason: String| Error::State {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
-    // SAFETY: the map is only read, and only for this function; a state file changed while
-    // it is read gives a parse error or a state whose checks fail, as a torn read would.
-    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
-        .map_err(|e| err(e.to_string()))?;
-    let text = std::str::from_utf8(&map).map_err(|e| err(e.to_string()))?;
-    FittedState::from_json(text).map_err(|e| err(e.to_string()))
+    Pipeline::from_files(&common.pipeline, &common.input, state, options)
 }
 
 /// What the trainers (or the null consumers) saw.
@@ -386,12 +338,15 @@ struct Consumed {
 fn run(args: &RunArgs) -> Result<serde_json::Value> {
     let started = Instant::now();
     let sink: SinkSpec = args.sink.parse()?;
-    let (spec, mut job, cluster, options, state_load) = prepare(
-        &args.common,
-        args.state.as_deref(),
-        Some(&args.delivery),
-        started,
-    )?;
+    let pipeline = prepare(&args.common, args.state.as_deref(), Some(&args.delivery))?;
+    let (spec, cluster, loader) = (
+        pipeline.spec().clone(),
+        pipeline.cluster().clone(),
+        pipeline.loader(),
+    );
+    let state_load = pipeline.state_load();
+    let mut job = pipeline.into_job();
+    job.started = started;
     let plan = job.delivery.plan.clone();
     let epochs = job.delivery.epochs - job.delivery.start_epoch.min(job.delivery.epochs);
     let total_rows = plan.delivered_rows() * epochs;
@@ -411,10 +366,10 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
     }
     let mut consumed = Consumed::default();
     let report = if use_loaders {
-        let running = hydrant::pipeline::start(job, cluster.clone(), options.loader)?;
+        let running = hydrant::start(job, cluster.clone(), loader)?;
         let t0 = Instant::now();
         consumed.train = match &sink {
-            SinkSpec::Train => Some(hydrant::train::train(
+            SinkSpec::Train => Some(hydrant::demo::train(
                 running.ranks(),
                 TrainConfig {
                     learning_rate: args.delivery.learning_rate,
@@ -444,7 +399,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
     } else {
         sink.prepare(cluster.process)?;
         job.output = Some(Output::Sink(sink.clone()));
-        dataflow::execute(job, &cluster, tick)?
+        runtime::execute(job, &cluster, tick)?
     };
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();

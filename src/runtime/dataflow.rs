@@ -30,9 +30,9 @@ use timely::dataflow::operators::{Exchange, Operator, Probe};
 use timely::dataflow::{InputHandle, ProbeHandle};
 use timely::worker::Worker;
 
+use super::fate::{self, Fate};
 use crate::delivery::{Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own};
 use crate::error::{Error, Result};
-use crate::fate::{self, Fate};
 use crate::loader::LoaderFeed;
 use crate::sink::{BatchSink, SinkSpec};
 use crate::source::Inputs;
@@ -153,6 +153,31 @@ pub struct Job {
     pub progress: Arc<AtomicU64>,
     /// Where the run's first error is left (loaders pass it on to their trainers).
     pub errors: ErrorSlot,
+}
+
+impl Job {
+    /// A job delivering `delivery` from `inputs` through `plan`, with `state` (fitted
+    /// first when `None`) and, when the caller has bound it already, `bound`; its output
+    /// is set by whoever runs it.
+    pub fn new(
+        inputs: Arc<Inputs>,
+        plan: Arc<FeaturePlan>,
+        state: Option<FittedState>,
+        bound: Option<Transformer>,
+        delivery: Delivery,
+    ) -> Self {
+        Job {
+            inputs,
+            plan,
+            state,
+            bound,
+            delivery,
+            output: None,
+            started: Instant::now(),
+            progress: Default::default(),
+            errors: ErrorSlot::default(),
+        }
+    }
 }
 
 /// What the workers of this process did.

@@ -1,0 +1,8 @@
+//! The runtime: the timely dataflow that reads, fits, featurizes and delivers — as threads
+//! of one process or as the processes of a cluster — and what happens when part of it
+//! fails (a worker panics, a peer process is lost).
+
+mod dataflow;
+mod fate;
+
+pub use dataflow::{Cluster, Job, Output, Report, execute};
