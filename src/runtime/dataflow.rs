@@ -13,7 +13,6 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +29,7 @@ use timely::dataflow::operators::{Exchange, Operator, Probe};
 use timely::dataflow::{InputHandle, ProbeHandle};
 use timely::worker::Worker;
 
+use super::cluster::Cluster;
 use super::fate::{self, Fate};
 use crate::delivery::{Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own};
 use crate::error::{Error, Result};
@@ -43,72 +43,6 @@ const PARK: Duration = Duration::from_millis(1);
 
 /// How often `execute` calls its `on_tick` while the job runs.
 const TICK: Duration = Duration::from_millis(100);
-
-/// Where the dataflow runs: threads in this process, and optionally several processes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cluster {
-    /// Worker threads per process.
-    pub workers: usize,
-    /// Processes in the computation.
-    pub processes: usize,
-    /// This process's index.
-    pub process: usize,
-    /// `host:port` per line, one per process (default: localhost from port 2101).
-    pub hostfile: Option<PathBuf>,
-}
-
-impl Cluster {
-    /// One process with `workers` threads.
-    pub fn local(workers: usize) -> Self {
-        Cluster {
-            workers,
-            processes: 1,
-            process: 0,
-            hostfile: None,
-        }
-    }
-
-    /// The address of process `p`: its hostfile line, or timely's default.
-    pub fn address(&self, p: usize) -> String {
-        let listed = self.hostfile.as_ref().and_then(|h| {
-            let text = std::fs::read_to_string(h).ok()?;
-            let line = text.lines().filter(|l| !l.trim().is_empty()).nth(p)?;
-            Some(line.trim().to_string())
-        });
-        listed.unwrap_or_else(|| format!("localhost:{}", 2101 + p))
-    }
-
-    fn config(&self) -> Result<timely::Config> {
-        if self.workers == 0 || self.processes == 0 || self.process >= self.processes {
-            return Err(Error::Usage(format!(
-                "need --workers >= 1 and --process < --processes (got {}, {}, {})",
-                self.workers, self.process, self.processes
-            )));
-        }
-        let mut args = vec!["hydrant".to_string(), "-w".into(), self.workers.to_string()];
-        if self.processes > 1 {
-            args.extend([
-                "-n".into(),
-                self.processes.to_string(),
-                "-p".into(),
-                self.process.to_string(),
-            ]);
-            if let Some(h) = &self.hostfile {
-                let text = std::fs::read_to_string(h)
-                    .map_err(|e| Error::Usage(format!("hostfile {}: {e}", h.display())))?;
-                if text.lines().filter(|l| !l.trim().is_empty()).count() < self.processes {
-                    return Err(Error::Usage(format!(
-                        "hostfile {} lists fewer than {} hosts",
-                        h.display(),
-                        self.processes
-                    )));
-                }
-                args.extend(["-h".into(), h.display().to_string()]);
-            }
-        }
-        timely::Config::from_args(args.into_iter()).map_err(Error::Dataflow)
-    }
-}
 
 /// A failure the job cannot finish after: a worker panicked, or a peer process is lost.
 fn fatal(fate: &Fate, cluster: &Cluster) -> Option<String> {
@@ -225,7 +159,6 @@ impl Report {
 /// Runs the job on `cluster` and waits for it; `on_tick` is called about ten times a
 /// second while it runs (for a progress bar).
 pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result<Report> {
-    let config = cluster.config()?;
     let layout = (cluster.process, cluster.workers);
     let errors = job.errors.clone();
     let fate = Fate::default();
@@ -236,7 +169,7 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
     let (job2, errors2, fate2) = (job.clone(), errors.clone(), fate.clone());
     let done_tx = std::sync::Mutex::new(done_tx);
     fate::install_hook();
-    let guards = timely::execute(config, move |worker| {
+    let guards = cluster.execute(move |worker| {
         fate::register_worker(&fate2);
         let result = run_worker(worker, &job2, layout, &errors2);
         if let Err(e) = &result {
@@ -244,8 +177,7 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
         }
         let _ = done_tx.lock().map(|tx| tx.send(()));
         result
-    })
-    .map_err(Error::Dataflow)?;
+    })?;
     let mut finished = 0;
     let mut failure = None;
     while finished < cluster.workers && failure.is_none() {

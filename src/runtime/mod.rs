@@ -2,7 +2,9 @@
 //! of one process or as the processes of a cluster — and what happens when part of it
 //! fails (a worker panics, a peer process is lost).
 
+mod cluster;
 mod dataflow;
 mod fate;
 
-pub use dataflow::{Cluster, Job, Output, Report, execute};
+pub use cluster::{Cluster, JOIN_TIMEOUT};
+pub use dataflow::{Job, Output, Report, execute};

@@ -1,0 +1,236 @@
+//! Where a job runs: worker threads in this process, and optionally the processes of a
+//! timely cluster — joined here rather than by timely's own start-up, which polls for
+//! peers once a second and waits for a missing one forever.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use timely::WorkerConfig;
+use timely::communication::allocator::zero_copy::initialize::initialize_networking_from_sockets;
+use timely::communication::allocator::{AllocatorBuilder, ProcessBuilder};
+use timely::communication::{Hooks, WorkerGuards};
+use timely::worker::Worker;
+
+use crate::error::{Error, Result};
+
+/// How long the processes of a cluster wait for one another at start-up.
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How often a process looks for peers while they join.
+const JOIN_POLL: Duration = Duration::from_millis(10);
+
+/// How long an accepted connection has to greet (peers greet as soon as they connect).
+const GREETING_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The first bytes each connection sends, so that a stray client cannot pose as a peer.
+const HELLO: &[u8; 8] = b"hydrant1";
+
+/// Where the dataflow runs: threads in this process, and optionally several processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    /// Worker threads per process.
+    pub workers: usize,
+    /// Processes in the computation.
+    pub processes: usize,
+    /// This process's index.
+    pub process: usize,
+    /// `host:port` per line, one per process (default: localhost from port 2101).
+    pub hostfile: Option<PathBuf>,
+}
+
+impl Cluster {
+    /// One process with `workers` threads.
+    pub fn local(workers: usize) -> Self {
+        Cluster {
+            workers,
+            processes: 1,
+            process: 0,
+            hostfile: None,
+        }
+    }
+
+    /// The address of process `p`: its hostfile line, or the default.
+    pub fn address(&self, p: usize) -> String {
+        self.addresses()
+            .ok()
+            .and_then(|a| a.get(p).cloned())
+            .unwrap_or_else(|| default_address(p))
+    }
+
+    /// Every process's address, by process.
+    pub fn addresses(&self) -> Result<Vec<String>> {
+        let Some(h) = &self.hostfile else {
+            return Ok((0..self.processes).map(default_address).collect());
+        };
+        let text = std::fs::read_to_string(h)
+            .map_err(|e| Error::Usage(format!("hostfile {}: {e}", h.display())))?;
+        let lines: Vec<String> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect();
+        if lines.len() < self.processes {
+            return Err(Error::Usage(format!(
+                "hostfile {} lists fewer than {} hosts",
+                h.display(),
+                self.processes
+            )));
+        }
+        Ok(lines)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.workers == 0 || self.processes == 0 || self.process >= self.processes {
+            return Err(Error::Usage(format!(
+                "need --workers >= 1 and --process < --processes (got {}, {}, {})",
+                self.workers, self.process, self.processes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts `worker` on every worker thread of this process, joined to the other
+    /// processes of the cluster first (waiting at most [`JOIN_TIMEOUT`] for them).
+    pub fn execute<T, F>(&self, worker: F) -> Result<WorkerGuards<T>>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Worker) -> T + Send + Sync + 'static,
+    {
+        self.check()?;
+        if self.processes == 1 {
+            return timely::execute(timely::Config::process(self.workers), worker)
+                .map_err(Error::Dataflow);
+        }
+        let sockets = join(&self.addresses()?, self.process, JOIN_TIMEOUT)?;
+        let hooks = Hooks::default();
+        let threads = ProcessBuilder::new_typed_vector(
+            self.workers,
+            hooks.refill.clone(),
+            hooks.spill.clone(),
+        );
+        let (builders, comms) =
+            initialize_networking_from_sockets(threads, sockets, self.process, self.workers, hooks)
+                .map_err(|e| Error::Dataflow(format!("cannot start the cluster's network: {e}")))?;
+        let builders = builders.into_iter().map(AllocatorBuilder::Tcp).collect();
+        timely::execute::execute_from(builders, Box::new(comms), WorkerConfig::default(), worker)
+            .map_err(Error::Dataflow)
+    }
+}
+
+fn default_address(p: usize) -> String {
+    format!("localhost:{}", 2101 + p)
+}
+
+/// Connects process `me` to every other: it dials the processes before it and accepts
+/// the ones after it, each connection opened with [`HELLO`] and the dialer's index.
+/// Returns a socket per process (`None` at `me`), as timely's networking wants them.
+fn join(addresses: &[String], me: usize, timeout: Duration) -> Result<Vec<Option<TcpStream>>> {
+    let n = addresses.len();
+    let listener = TcpListener::bind(&addresses[me])
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| Error::Usage(format!("cannot listen on {}: {e}", addresses[me])))?;
+    let mut sockets: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    let deadline = Instant::now() + timeout;
+    loop {
+        for p in 0..me {
+            if sockets[p].is_none() {
+                sockets[p] = dial(&addresses[p], me);
+            }
+        }
+        while let Ok((stream, _)) = listener.accept() {
+            if let Some(p) = greeted(&stream).filter(|&p| p > me && p < n) {
+                sockets[p] = Some(stream);
+            }
+        }
+        let missing: Vec<usize> = (0..n)
+            .filter(|&p| p != me && sockets[p].is_none())
+            .collect();
+        if missing.is_empty() {
+            return Ok(sockets);
+        }
+        if Instant::now() >= deadline {
+            let who: Vec<String> = missing
+                .iter()
+                .map(|&p| format!("{p} ({})", addresses[p]))
+                .collect();
+            return Err(Error::Dataflow(format!(
+                "process {me}: process(es) {} did not join the cluster within {} s",
+                who.join(", "),
+                timeout.as_secs()
+            )));
+        }
+        std::thread::sleep(JOIN_POLL);
+    }
+}
+
+/// A connection to `address` that has said who it is, or `None` if it cannot be made yet.
+fn dial(address: &str, me: usize) -> Option<TcpStream> {
+    let mut stream = TcpStream::connect(address).ok()?;
+    stream.set_nodelay(true).ok()?;
+    let mut hello = HELLO.to_vec();
+    hello.extend_from_slice(&(me as u64).to_le_bytes());
+    stream.write_all(&hello).ok()?;
+    Some(stream)
+}
+
+/// The index an accepted connection says it comes from, if it greets as a peer does.
+fn greeted(stream: &TcpStream) -> Option<usize> {
+    stream.set_nonblocking(false).ok()?;
+    stream.set_nodelay(true).ok()?;
+    stream.set_read_timeout(Some(GREETING_TIMEOUT)).ok()?;
+    let mut hello = [0u8; 16];
+    (&*stream).read_exact(&mut hello).ok()?;
+    stream.set_read_timeout(None).ok()?;
+    (&hello[..8] == HELLO)
+        .then(|| u64::from_le_bytes(hello[8..].try_into().unwrap_or_default()) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free() -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    }
+
+    #[test]
+    fn three_processes_join_and_strangers_are_ignored() {
+        let addresses: Vec<String> = (0..3).map(|_| free()).collect();
+        let joined: Vec<_> = (0..3)
+            .map(|me| {
+                let a = addresses.clone();
+                std::thread::spawn(move || join(&a, me, Duration::from_secs(10)))
+            })
+            .collect();
+        // A stranger that says nothing, and one that says something else.
+        let _silent = loop {
+            if let Ok(s) = TcpStream::connect(&addresses[0]) {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut rude = TcpStream::connect(&addresses[0]).unwrap();
+        rude.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        for (me, j) in joined.into_iter().enumerate() {
+            let sockets = j.join().unwrap().unwrap();
+            assert_eq!(sockets.len(), 3);
+            for (p, s) in sockets.iter().enumerate() {
+                assert_eq!(s.is_some(), p != me, "process {me}, socket {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_peer_is_named_after_the_timeout() {
+        let addresses = vec![free(), free()];
+        let err = join(&addresses, 1, Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("process(es) 0"), "{err}");
+        assert!(err.contains(&addresses[0]), "{err}");
+    }
+}
