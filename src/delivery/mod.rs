@@ -84,7 +84,7 @@ impl Delivery {
         self.plan
             .step_rows()
             .saturating_add(k.saturating_mul(2))
-            .saturating_add((peers as u64 - 1).saturating_mul(biggest_unit))
+            .saturating_add((peers as u64).saturating_mul(biggest_unit))
             .saturating_add(IN_FLIGHT.saturating_mul(batch_rows))
     }
 }
