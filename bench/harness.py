@@ -18,6 +18,7 @@ import time
 
 import psutil
 
+import cluster
 import report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -196,13 +197,16 @@ def main():
     ap.add_argument("--spark-udf-max-rows", type=int, default=1_000_000,
                     help="largest input the slow Spark modes (pandas_udf, udf) run on")
     ap.add_argument("--flight-rows", type=int, default=31 * 65536)
-    ap.add_argument("--only", nargs="*", default=["e2e", "flight", "kernels"],
+    ap.add_argument("--cluster-rows", type=int, default=1_000_000,
+                    help="input rows of the scale-out runs")
+    ap.add_argument("--only", nargs="*", default=["e2e", "flight", "kernels", "cluster"],
                     help="sections to run (none: rewrite BENCHMARKS.md from the last figures)")
     ap.add_argument("--out", type=pathlib.Path, help="where BENCHMARKS.md (and bench/charts, "
                     "bench/results.json) go: default the repository root; --smoke: a temporary folder")
     args = ap.parse_args()
     if args.smoke:
         args.reps, args.sizes, args.flight_rows = 1, [20_000, 40_000], 2 * 65536
+        args.cluster_rows = 40_000
     out = args.out or (pathlib.Path(tempfile.mkdtemp(prefix="hydrant-bench-")) if args.smoke else ROOT)
     work = pathlib.Path(tempfile.mkdtemp(prefix="hydrant-bench-data-"))
     started = time.time()
@@ -216,6 +220,8 @@ def main():
             results["flight"] = run_flight(args)
         if "kernels" in args.only:
             results["kernels"] = run_kernels(args)
+        if "cluster" in args.only:
+            results["cluster"] = cluster.run(HYDRANT, args, work, generate, measure)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.only:

@@ -7,6 +7,7 @@ import platform
 import statistics
 import subprocess
 
+import cluster
 import matplotlib
 
 matplotlib.use("Agg")
@@ -84,6 +85,8 @@ def write(results, args, out):
         lines += flight_section(results["flight"], targets)
     if "kernels" in results:
         lines += kernel_section(results["kernels"], charts, targets)
+    if "cluster" in results:
+        lines += cluster.section(results["cluster"], charts, targets, med)
     lines[8:8] = ["## Targets", "", "| target | measured | met |", "| --- | --- | --- |",
                   *targets, ""]
     analysis = ROOT / "bench" / "analysis.md"
