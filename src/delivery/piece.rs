@@ -2,6 +2,7 @@
 //! into [`Piece`]s, one per destination rank, which travel to the rank's owner.
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
@@ -28,6 +29,10 @@ pub struct Piece {
     /// The batch's row of each index; `None`: rows `0..` in order.
     rows: Option<Vec<u32>>,
     batch: RecordBatch,
+    /// This piece's rows as Arrow IPC, made the first time it is serialized: timely
+    /// serializes a message twice (once to size it, once to write it), and the rows
+    /// must be taken and encoded only once.
+    wire: OnceLock<std::result::Result<Vec<u8>, String>>,
 }
 
 impl Piece {
@@ -39,6 +44,7 @@ impl Piece {
             indices,
             rows: None,
             batch,
+            wire: OnceLock::new(),
         }
     }
 
@@ -63,11 +69,31 @@ impl Piece {
 
 impl Serialize for Piece {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let batch = Batch {
-            seq: 0,
-            data: self.own_rows().map_err(serde::ser::Error::custom)?,
-        };
-        (self.epoch, self.rank as u64, &self.indices, batch).serialize(s)
+        let wire = self.wire.get_or_init(|| {
+            let batch = Batch {
+                seq: 0,
+                data: self.own_rows().map_err(|e| e.to_string())?,
+            };
+            batch.to_ipc().map_err(|e| e.to_string())
+        });
+        let ipc = wire.as_ref().map_err(serde::ser::Error::custom)?;
+        // The layout of `(epoch, rank, indices, Batch)`, which `deserialize` reads.
+        (
+            self.epoch,
+            self.rank as u64,
+            &self.indices,
+            (0u64, IpcBytes(ipc)),
+        )
+            .serialize(s)
+    }
+}
+
+/// Bytes serialized as bytes (not as a sequence of numbers).
+struct IpcBytes<'a>(&'a [u8]);
+
+impl Serialize for IpcBytes<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
     }
 }
 
@@ -135,6 +161,44 @@ pub fn split(
             indices,
             rows: Some(rows),
             batch: batch.clone(),
+            wire: OnceLock::new(),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::UInt64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::delivery::plan::{LastBatch, Placement};
+
+    #[test]
+    fn a_piece_crosses_processes_with_only_its_rows() {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::UInt64, false)]));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from_iter_values(0..10))])
+                .unwrap();
+        let placement = Placement::new(2, 2, LastBatch::Pad, 0, None).unwrap();
+        let mut pieces = Vec::new();
+        split(&placement, 0, 10, 0, 0..10, &batch, &mut pieces);
+        let rank1 = &pieces[1];
+        // Sized, then written, as timely does: the same bytes both times.
+        let size = bincode::serialized_size(rank1).unwrap();
+        let bytes = bincode::serialize(rank1).unwrap();
+        assert_eq!(size as usize, bytes.len());
+        let back: Piece = bincode::deserialize(&bytes).unwrap();
+        assert_eq!((back.epoch, back.rank), (0, 1));
+        assert_eq!(back.indices, vec![2, 3, 6, 7]);
+        let x = back
+            .batch()
+            .column(0)
+            .as_any()
+            .downcast_ref::<UInt64Array>()
+            .unwrap();
+        assert_eq!(x.values().to_vec(), vec![2, 3, 6, 7]);
     }
 }
