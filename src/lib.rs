@@ -72,6 +72,9 @@ pub use delivery::{EpochPlan, LastBatch, ORDER_VERSION, Placement};
 pub use error::{Error, Result, error_line};
 pub use hydrant_operators as operators;
 pub use loader::{Backend, Loader, LoaderConfig, TrainingBatch};
-pub use pipeline::{Pipeline, PipelineBuilder, RunOptions, Running, read_state, start};
+pub use pipeline::{
+    DEFAULT_MAX_BATCH_BYTES, Pipeline, PipelineBuilder, RunOptions, Running, read_state, start,
+    useful_workers,
+};
 pub use runtime::Cluster;
 pub use spec::{DEFAULT_BATCH_ROWS, InputKind, PipelineSpec};

@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use arrow::datatypes::Schema;
 use hydrant_operators::{FeatureGroup, FittedState, GroupKind, LabelSpec, Step};
 
 use crate::delivery::{Delivery, EpochPlan, LastBatch, Ownership};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, one_line};
 use crate::loader::{self, Loader, LoaderConfig};
 use crate::runtime::{self, Cluster, Job, Output, Report};
 use crate::source::Inputs;
@@ -41,7 +42,13 @@ pub struct RunOptions {
     pub loader: LoaderConfig,
     /// Where the dataflow runs: worker threads, and the processes of a cluster.
     pub cluster: Cluster,
+    /// The most bytes one rank's batches in flight may take: batch size × bytes per
+    /// delivered row × prefetch, checked before anything is allocated.
+    pub max_batch_bytes: u64,
 }
+
+/// The default of [`RunOptions::max_batch_bytes`]: 4 GiB.
+pub const DEFAULT_MAX_BATCH_BYTES: u64 = 4 << 30;
 
 impl Default for RunOptions {
     fn default() -> Self {
@@ -56,11 +63,31 @@ impl Default for RunOptions {
             start_step: 0,
             loader: LoaderConfig::default(),
             cluster: Cluster::local(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
         }
     }
 }
 
 impl RunOptions {
+    /// Checks that a rank's batches in flight fit [`RunOptions::max_batch_bytes`], for
+    /// batches of `output` (the featurized schema).
+    pub fn check_memory(&self, output: &Schema) -> Result<()> {
+        let row = row_bytes(output);
+        let need = (self.batch_size as u128)
+            .saturating_mul(row as u128)
+            .saturating_mul(self.loader.prefetch.max(1) as u128);
+        if need > self.max_batch_bytes as u128 {
+            return Err(Error::Usage(format!(
+                "--batch-size {} × {row} bytes per row × --prefetch {} is {need} bytes, more \
+                 than --max-batch-bytes {}",
+                self.batch_size,
+                self.loader.prefetch.max(1),
+                self.max_batch_bytes
+            )));
+        }
+        Ok(())
+    }
+
     /// The delivery these options describe over `inputs`.
     pub fn delivery(&self, inputs: &Inputs) -> Result<Delivery> {
         let units = inputs.units().iter().map(|u| u.rows).collect();
@@ -275,6 +302,13 @@ impl Pipeline {
         };
         // Planned now, so that a bad option fails before anything starts.
         let delivery = options.delivery(&opened)?;
+        options.check_memory(&plan.output_schema())?;
+        let mut cluster = options.cluster;
+        cluster.workers = cluster.workers.min(useful_workers(
+            opened.units().len(),
+            options.ranks,
+            cluster.processes,
+        ));
         Ok(Pipeline {
             spec,
             inputs: Arc::new(opened),
@@ -282,7 +316,7 @@ impl Pipeline {
             state,
             bound,
             delivery,
-            cluster: options.cluster,
+            cluster,
             loader: options.loader,
             state_load: Duration::ZERO,
         })
@@ -354,21 +388,63 @@ impl Pipeline {
     }
 }
 
-/// Reads a fitted state file (mapped, and the map populated up front: copying megabytes
-/// of vocabulary into fresh pages cost more than parsing half of them).
+/// Bytes one delivered row takes: tensors and primitives at their width, 16 for anything
+/// of variable width, and the padding flag.
+fn row_bytes(output: &Schema) -> u64 {
+    use arrow::datatypes::DataType;
+    fn width(t: &DataType) -> u64 {
+        match t {
+            DataType::FixedSizeList(f, n) => (*n).max(0) as u64 * width(f.data_type()),
+            DataType::Boolean => 1,
+            t => t.primitive_width().map_or(16, |w| w as u64),
+        }
+    }
+    1 + output
+        .fields()
+        .iter()
+        .map(|f| width(f.data_type()))
+        .sum::<u64>()
+}
+
+/// Worker threads per process that have something to do: one per unit of input (its
+/// reader) or per rank (its owner), shared among the processes. More would only idle,
+/// and timely's all-to-all channels make idle workers cost memory and start-up time that
+/// grow with their square.
+pub fn useful_workers(units: usize, ranks: usize, processes: usize) -> usize {
+    let processes = processes.max(1);
+    units
+        .div_ceil(processes)
+        .max(ranks.div_ceil(processes))
+        .max(1)
+}
+
+/// Reads a fitted state file: a regular file of at most 4 GiB, read (not
+/// mapped, so that a file truncated meanwhile is an error rather than SIGBUS).
 pub fn read_state(path: &Path) -> Result<FittedState> {
+    use std::io::Read;
     let err = |reason: String| Error::State {
         path: path.to_path_buf(),
         reason,
     };
-    let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
-    // SAFETY: the map is only read, and only for this function; a state file changed while
-    // it is read gives a parse error or a state whose checks fail, as a torn read would.
-    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
-        .map_err(|e| err(e.to_string()))?;
-    let text = std::str::from_utf8(&map).map_err(|e| err(e.to_string()))?;
-    FittedState::from_json(text).map_err(|e| err(e.to_string()))
+    let meta = std::fs::metadata(path).map_err(|e| err(one_line(e)))?;
+    if !meta.is_file() {
+        return Err(err("is not a regular file".into()));
+    }
+    if meta.len() > MAX_STATE_BYTES {
+        return Err(err(format!(
+            "is {} bytes, more than a fitted state may be ({MAX_STATE_BYTES})",
+            meta.len()
+        )));
+    }
+    let mut text = String::with_capacity(meta.len() as usize);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_STATE_BYTES).read_to_string(&mut text))
+        .map_err(|e| err(one_line(e)))?;
+    FittedState::from_json(&text).map_err(|e| err(one_line(e)))
 }
+
+/// The largest fitted state file read (vocabularies of millions of values fit easily).
+const MAX_STATE_BYTES: u64 = 4 << 30;
 
 /// Starts `job` on `cluster` with the rank batches of this process's ranks going to one
 /// loader per rank, on a thread of its own.

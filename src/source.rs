@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use arrow::ipc::reader::FileReader;
+use arrow::ipc::reader::{FileReader, StreamReader};
 use hydrant_operators::{Batch, FeaturePlan, ROW_ID};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
@@ -23,6 +23,8 @@ enum Format {
     Parquet { reader: ArrowReaderMetadata },
     /// Row counts of each record batch in the file.
     Ipc { batch_rows: Vec<u64> },
+    /// An Arrow IPC stream (no footer): row counts of its batches, counted when opened.
+    IpcStream { batch_rows: Vec<u64> },
 }
 
 struct InputFile {
@@ -84,7 +86,7 @@ impl Inputs {
                         seq += rows.div_ceil(batch_rows as u64);
                     }
                 }
-                Format::Ipc { batch_rows } => {
+                Format::Ipc { batch_rows } | Format::IpcStream { batch_rows } => {
                     let rows = batch_rows.iter().sum();
                     units.push(Unit {
                         file: i,
@@ -220,37 +222,90 @@ impl Inputs {
                 Box::new(b.build().map_err(|e| input_err(&e))?)
             }
             Format::Ipc { .. } => {
-                Box::new(read_ipc_mapped(&file, projection).map_err(|e| input_err(&e))?)
+                Box::new(read_ipc_file(file, projection).map_err(|e| input_err(&e))?)
+            }
+            Format::IpcStream { .. } => Box::new(
+                StreamReader::try_new(std::io::BufReader::new(file), projection)
+                    .map_err(|e| input_err(&e))?,
+            ),
+        };
+        Ok(Box::new(Numbered {
+            batches,
+            first: unit.first_row,
+            row: unit.first_row,
+            seq: unit.first_seq,
+            end: unit.first_row + unit.rows,
+            path: f.path.clone(),
+            done: false,
+        }))
+    }
+}
+
+/// A unit's batches, numbered with `row_id` and sequence numbers, checked against the row
+/// count the file's footer gave when it was opened: a file that changed since then ends
+/// with an error, never with rows missing or extra.
+struct Numbered {
+    batches:
+        Box<dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send>,
+    first: u64,
+    row: u64,
+    seq: u64,
+    end: u64,
+    path: PathBuf,
+    done: bool,
+}
+
+impl Numbered {
+    fn fail(&mut self, reason: String) -> Option<Result<Batch>> {
+        self.done = true;
+        Some(Err(Error::Input {
+            path: self.path.clone(),
+            reason,
+        }))
+    }
+}
+
+impl Iterator for Numbered {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.done {
+            return None;
+        }
+        let b = loop {
+            match self.batches.next() {
+                Some(Ok(b)) if b.num_rows() == 0 => continue,
+                Some(Ok(b)) => break b,
+                Some(Err(e)) => return self.fail(one_line(e)),
+                None if self.row < self.end => {
+                    return self.fail(format!(
+                        "holds fewer rows than its footer said when it was opened ({} of {}): \
+                         it changed while read",
+                        self.row - self.first,
+                        self.end - self.first
+                    ));
+                }
+                None => {
+                    self.done = true;
+                    return None;
+                }
             }
         };
-        let (mut row, mut seq) = (unit.first_row, unit.first_seq);
-        let end = unit.first_row + unit.rows;
-        let path = f.path.clone();
-        Ok(Box::new(
-            batches
-                .filter(|b| b.as_ref().map_or(true, |b| b.num_rows() > 0))
-                .map(move |b| {
-                    let b = b.map_err(|e| Error::Input {
-                        path: path.clone(),
-                        reason: one_line(e),
-                    })?;
-                    let n = b.num_rows() as u64;
-                    if row + n > end {
-                        return Err(Error::Input {
-                            path: path.clone(),
-                            reason: "holds more rows than its footer says".into(),
-                        });
-                    }
-                    let batch = with_row_id(b, row).map_err(|e| Error::Input {
-                        path: path.clone(),
-                        reason: one_line(e),
-                    })?;
-                    let out = Batch { seq, data: batch };
-                    row += n;
-                    seq += 1;
-                    Ok(out)
-                }),
-        ))
+        let n = b.num_rows() as u64;
+        if self.row + n > self.end {
+            return self.fail("holds more rows than its footer says".into());
+        }
+        let data = match with_row_id(b, self.row) {
+            Ok(data) => data,
+            Err(e) => return self.fail(one_line(e)),
+        };
+        let out = Batch {
+            seq: self.seq,
+            data,
+        };
+        self.row += n;
+        self.seq += 1;
+        Some(Ok(out))
     }
 }
 
@@ -266,59 +321,58 @@ pub(crate) fn with_row_id(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
-/// The record batches of an Arrow IPC file, decoded in place from a memory map: the
-/// arrays point into the mapped file, so reading copies nothing (arrow's `FileReader`
-/// reads each batch into fresh zeroed buffers).
-fn read_ipc_mapped(
-    file: &File,
+/// The record batches of an Arrow IPC file, each block read into one 64-byte aligned
+/// buffer that the arrays point into (arrow's `FileReader` reads each message into fresh
+/// buffers and copies again). The file is read, not mapped: a file truncated while it is
+/// read gives an error here, where a map would kill the process with SIGBUS.
+fn read_ipc_file(
+    file: File,
     projection: Option<Vec<usize>>,
 ) -> std::result::Result<
     impl Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send + use<>,
     arrow::error::ArrowError,
 > {
-    use arrow::buffer::Buffer;
     use arrow::error::ArrowError;
     use arrow::ipc::reader::{FileDecoder, read_footer_length};
     use arrow::ipc::{convert::try_fb_to_schema, root_as_footer};
 
-    // SAFETY: the map is read-only and inputs are not written during a run; a file
-    // truncated underneath would fault, as it would corrupt any reader. `open_file`
-    // already parsed this file's footer and counted its batches.
-    let map =
-        unsafe { memmap2::Mmap::map(file) }.map_err(|e| ArrowError::IpcError(e.to_string()))?;
-    let buffer = Buffer::from(bytes::Bytes::from_owner(map));
     let bad = |what: &str| ArrowError::IpcError(format!("not a readable Arrow IPC file: {what}"));
-    if buffer.len() < 10 {
+    let len = file
+        .metadata()
+        .map_err(|e| ArrowError::IpcError(e.to_string()))?
+        .len();
+    if len < 10 {
         return Err(bad("too short"));
     }
-    let trailer_start = buffer.len() - 10;
-    let trailer: [u8; 10] = buffer[trailer_start..]
+    let trailer: [u8; 10] = read_at(&file, len - 10, 10)?
+        .as_slice()
         .try_into()
         .map_err(|_| bad("trailer"))?;
-    let footer_len = read_footer_length(trailer)?;
-    let footer_start = trailer_start
+    let footer_len = read_footer_length(trailer)? as u64;
+    let footer_start = (len - 10)
         .checked_sub(footer_len)
         .ok_or_else(|| bad("footer"))?;
-    let footer = root_as_footer(&buffer[footer_start..trailer_start])
-        .map_err(|e| ArrowError::IpcError(e.to_string()))?;
+    let footer_bytes = read_at(&file, footer_start, footer_len as usize)?;
+    let footer = root_as_footer(&footer_bytes).map_err(|e| ArrowError::IpcError(e.to_string()))?;
     let schema = try_fb_to_schema(footer.schema().ok_or_else(|| bad("no schema"))?)?;
     let mut decoder = FileDecoder::new(Arc::new(schema), footer.version());
     if let Some(p) = projection {
         decoder = decoder.with_projection(p);
     }
-    let whole = buffer.clone();
-    let block_data = move |b: &arrow::ipc::Block| -> std::result::Result<Buffer, ArrowError> {
-        let (offset, len) = (
-            usize::try_from(b.offset()).map_err(|_| bad("block offset"))?,
-            b.bodyLength() as usize + b.metaDataLength() as usize,
-        );
+    let block_data = move |file: &File, b: &arrow::ipc::Block| {
+        let offset = u64::try_from(b.offset()).map_err(|_| bad("block offset"))?;
+        let len = u64::try_from(b.bodyLength())
+            .ok()
+            .zip(u64::try_from(b.metaDataLength()).ok())
+            .and_then(|(body, meta)| body.checked_add(meta))
+            .ok_or_else(|| bad("block length"))?;
         if offset.checked_add(len).is_none_or(|end| end > footer_start) {
             return Err(bad("block past the end"));
         }
-        Ok(whole.slice_with_length(offset, len))
+        read_at(file, offset, len as usize)
     };
     for block in footer.dictionaries().iter().flatten() {
-        decoder.read_dictionary(block, &block_data(block)?)?;
+        decoder.read_dictionary(block, &block_data(&file, block)?)?;
     }
     let blocks: Vec<arrow::ipc::Block> = footer
         .recordBatches()
@@ -327,12 +381,35 @@ fn read_ipc_mapped(
     let mut blocks = blocks.into_iter();
     Ok(std::iter::from_fn(move || {
         let block = blocks.next()?;
-        Some(block_data(&block).and_then(|data| {
+        Some(block_data(&file, &block).and_then(|data| {
             decoder
                 .read_record_batch(&block, &data)?
                 .ok_or_else(|| bad("empty block"))
         }))
     }))
+}
+
+/// `len` bytes of `file` from `offset`, in a 64-byte aligned buffer; a file shorter than
+/// that (truncated since its footer was read) is an error.
+fn read_at(
+    file: &File,
+    offset: u64,
+    len: usize,
+) -> std::result::Result<arrow::buffer::Buffer, arrow::error::ArrowError> {
+    use std::os::unix::fs::FileExt;
+    let mut buffer = arrow::buffer::MutableBuffer::from_len_zeroed(len);
+    file.read_exact_at(buffer.as_slice_mut(), offset)
+        .map_err(|e| {
+            arrow::error::ArrowError::IpcError(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format!(
+                    "the file ends before byte {}: it was truncated or rewritten while read",
+                    offset + len as u64
+                )
+            } else {
+                one_line(e)
+            })
+        })?;
+    Ok(buffer.into())
 }
 
 /// A path as the files it names: itself, or a folder's data files in name order.
@@ -344,6 +421,13 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
+    // Hidden and `_`-prefixed files (`.part-0.crc`, `_SUCCESS`, `_metadata`) are not data,
+    // as Spark and pyarrow.dataset treat them.
+    let data = |p: &Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| !n.starts_with('.') && !n.starts_with('_'))
+    };
     let mut files: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(|e| Error::Input {
             path: path.into(),
@@ -352,6 +436,7 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.is_file()
+                && data(p)
                 && p.extension()
                     .and_then(|e| e.to_str())
                     .is_some_and(|e| matches!(e, "parquet" | "arrow" | "ipc" | "feather"))
@@ -361,7 +446,9 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
     if files.is_empty() {
         return Err(Error::Input {
             path: path.into(),
-            reason: "folder holds no .parquet, .arrow or .ipc files".into(),
+            reason: "folder holds no .parquet, .arrow, .ipc or .feather files (hidden and \
+                     `_` files are skipped)"
+                .into(),
         });
     }
     Ok(files)
@@ -372,6 +459,15 @@ fn open_file(path: &Path) -> Result<InputFile> {
         path: path.into(),
         reason,
     };
+    // Opening a FIFO would block until a writer came; a device could be endless.
+    let meta = std::fs::metadata(path).map_err(|e| err(one_line(e)))?;
+    if !meta.is_file() {
+        return Err(err(
+            "is not a regular file (a FIFO, device or socket); inputs are read more than \
+             once, so they must be files"
+                .into(),
+        ));
+    }
     let mut file = File::open(path).map_err(|e| err(one_line(e)))?;
     let mut magic = [0u8; 6];
     let n = file.read(&mut magic).map_err(|e| err(one_line(e)))?;
@@ -419,5 +515,39 @@ fn open_file(path: &Path) -> Result<InputFile> {
             format: Format::Ipc { batch_rows },
         });
     }
+    if n >= 4 && magic[..4] == [0xff; 4] {
+        return open_ipc_stream(path);
+    }
     Err(err("not a Parquet or Arrow IPC file".into()))
+}
+
+/// An Arrow IPC stream has no footer: its batches are counted (reading one column) when
+/// it is opened, so that its rows can be numbered before the run.
+fn open_ipc_stream(path: &Path) -> Result<InputFile> {
+    let err = |reason: String| Error::Input {
+        path: path.into(),
+        reason,
+    };
+    let open = |projection| {
+        let file = File::open(path).map_err(|e| err(one_line(e)))?;
+        StreamReader::try_new(std::io::BufReader::new(file), projection)
+            .map_err(|e| err(format!("not a readable Arrow IPC stream: {}", one_line(e))))
+    };
+    let schema = open(None)?.schema();
+    if schema.index_of(ROW_ID).is_ok() {
+        return Err(err(format!(
+            "has a column named `{ROW_ID}`, which hydrant adds itself"
+        )));
+    }
+    let projection = (!schema.fields().is_empty()).then(|| vec![0]);
+    let batch_rows = open(projection)?
+        .map(|b| b.map(|b| b.num_rows() as u64))
+        .filter(|r| r.as_ref().map_or(true, |&r| r > 0))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| err(format!("not a readable Arrow IPC stream: {}", one_line(e))))?;
+    Ok(InputFile {
+        path: path.into(),
+        schema,
+        format: Format::IpcStream { batch_rows },
+    })
 }

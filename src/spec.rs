@@ -22,6 +22,9 @@ use crate::error::{Error, Result, one_line};
 /// Rows per batch read from the input, unless the pipeline says otherwise.
 pub const DEFAULT_BATCH_ROWS: usize = 8192;
 
+/// The most rows per batch read that a pipeline may ask for.
+pub const MAX_BATCH_ROWS: usize = 1 << 24;
+
 /// A pipeline: its inputs' features, label and batching.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PipelineSpec {
@@ -153,19 +156,27 @@ impl PipelineSpec {
             })
         };
         if self.name.is_empty()
+            || self.name.len() > hydrant_operators::MAX_GROUP_NAME
             || !self
                 .name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         {
-            return bad("name must be non-empty letters, digits, `_` or `-`");
+            return bad(&format!(
+                "name must be 1 to {} letters, digits, `_` or `-`",
+                hydrant_operators::MAX_GROUP_NAME
+            ));
         }
         if self.groups.is_empty() {
             return bad("no [[group]] of features");
         }
-        if self.batch_rows == 0 {
-            return bad("batch_rows must be at least 1");
+        if !(1..=MAX_BATCH_ROWS).contains(&self.batch_rows) {
+            return bad(&format!("batch_rows must be 1 to {MAX_BATCH_ROWS}"));
         }
+        hydrant_operators::check_group_names(&self.groups).map_err(|e| Error::Spec {
+            file: self.origin.clone(),
+            reason: e.to_string(),
+        })?;
         Ok(())
     }
 
@@ -267,6 +278,22 @@ steps = ["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"]
                 vec!["batch_rows"],
             ),
             ("name = \"x\"".to_string(), vec!["no [[group]]"]),
+            (
+                GOOD.replace("name = \"dense\"", "name = \"is_padding\""),
+                vec!["group `is_padding`", "reserved"],
+            ),
+            (
+                GOOD.replace("name = \"dense\"", "name = \"a/b\""),
+                vec!["group `a/b`", "letters, digits"],
+            ),
+            (
+                GOOD.replace("name = \"dense\"", "name = \"\""),
+                vec!["letters, digits"],
+            ),
+            (
+                GOOD.replace("name = \"dense\"", "name = \"x\\ny\""),
+                vec!["group `x\\ny`"],
+            ),
             ("name = ".to_string(), vec!["t.toml", "line 1"]),
         ] {
             let err = PipelineSpec::from_toml(&text, "t.toml")

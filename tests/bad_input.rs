@@ -201,7 +201,10 @@ fn bad_state_and_sink_are_named() {
 
     std::fs::write(
         &state,
-        r#"{"format":1,"pipeline":"criteo","version":1,"params":{}}"#,
+        format!(
+            r#"{{"format":1,"pipeline":"criteo","version":{},"params":{{}}}}"#,
+            hydrant::operators::FittedState::empty("criteo").version
+        ),
     )
     .unwrap();
     let err = hydrant_err(&[
@@ -220,7 +223,10 @@ fn bad_state_and_sink_are_named() {
 
     std::fs::write(
         &state,
-        r#"{"format":1,"pipeline":"other","version":1,"params":{}}"#,
+        format!(
+            r#"{{"format":1,"pipeline":"other","version":{},"params":{{}}}}"#,
+            hydrant::operators::FittedState::empty("other").version
+        ),
     )
     .unwrap();
     let err = hydrant_err(&[

@@ -47,6 +47,7 @@ mod operator;
 mod plan;
 #[cfg(test)]
 mod reference;
+pub mod running;
 mod state;
 mod stats;
 mod step;
@@ -58,7 +59,7 @@ pub use error::{OpError, Result};
 pub use fit::{FitPartial, Fitter};
 pub use group::{FeatureGroup, GroupKind, LabelSpec, LabelType};
 pub use operator::{ErrorSlot, Featurize};
-pub use plan::{FeaturePlan, ROW_ID};
+pub use plan::{FeaturePlan, MAX_GROUP_NAME, RESERVED_NAMES, ROW_ID, check_group_names};
 pub use state::{FittedParam, FittedState, STATE_FORMAT};
 pub use stats::{Moments, Partial};
 pub use step::Step;

@@ -24,6 +24,15 @@ impl ErrorSlot {
         }
     }
 
+    /// Records `message` as it is (it names where it happened) unless an earlier one is
+    /// there.
+    pub fn set_message(&self, message: &str) {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(message.to_string());
+        }
+    }
+
     /// The first error recorded, if any.
     pub fn get(&self) -> Option<String> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -45,6 +54,7 @@ impl<'scope, T: Timestamp> Featurize<'scope, T> for StreamVec<'scope, T, Batch> 
     ) -> StreamVec<'scope, T, Batch> {
         self.unary(Pipeline, "Featurize", move |_, _| {
             move |input, output| {
+                let _running = crate::running::enter("featurize");
                 input.for_each(|time, data| {
                     let mut session = output.session(&time);
                     for batch in data.drain(..) {

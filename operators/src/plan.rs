@@ -13,6 +13,50 @@ use crate::step::Step;
 /// The column every hydrant batch carries: the row's ordinal in the input.
 pub const ROW_ID: &str = "row_id";
 
+/// Column names that delivery adds beside the groups' tensors (the label, padding flags,
+/// and the Parquet sink's placement columns): no group may be called by one of them.
+pub const RESERVED_NAMES: [&str; 6] = [ROW_ID, "label", "is_padding", "rank", "epoch", "step"];
+
+/// The longest group name accepted.
+pub const MAX_GROUP_NAME: usize = 64;
+
+/// Checks the names of `groups`: each is 1 to [`MAX_GROUP_NAME`] ASCII letters, digits,
+/// `_` or `-`, starting with a letter or `_` (names become column names and keys of the
+/// fitted state, `group/column/step`), is not one of [`RESERVED_NAMES`], and is unique.
+pub fn check_group_names(groups: &[FeatureGroup]) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for group in groups {
+        let name = group.name.as_str();
+        let shown: String = name
+            .chars()
+            .take(MAX_GROUP_NAME)
+            .flat_map(char::escape_debug)
+            .collect();
+        let bad = |reason: &str| Err(OpError::plan(&shown, "-", reason));
+        let well_formed = (1..=MAX_GROUP_NAME).contains(&name.len())
+            && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !well_formed {
+            return bad(&format!(
+                "a group name is 1 to {MAX_GROUP_NAME} letters, digits, `_` or `-`, \
+                 starting with a letter or `_`"
+            ));
+        }
+        if RESERVED_NAMES.contains(&name) {
+            return bad(&format!(
+                "`{name}` is a column that delivery adds (reserved: {})",
+                RESERVED_NAMES.join(", ")
+            ));
+        }
+        if !seen.insert(name) {
+            return bad("two groups have this name");
+        }
+    }
+    Ok(())
+}
+
 /// What kind of input a column is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Source {
@@ -69,20 +113,10 @@ impl FeaturePlan {
         label: Option<&LabelSpec>,
         input: &Schema,
     ) -> Result<Self> {
+        check_group_names(groups)?;
         let mut plans = Vec::with_capacity(groups.len());
-        let mut names = std::collections::HashSet::new();
         for group in groups {
             let name = &group.name;
-            if name == ROW_ID
-                || (label.is_some() && name == "label")
-                || !names.insert(name.as_str())
-            {
-                return Err(OpError::plan(
-                    name,
-                    "-",
-                    "group name is used twice (or is `row_id`/`label`)",
-                ));
-            }
             if group.columns.is_empty() {
                 return Err(OpError::plan(name, "-", "group lists no columns"));
             }

@@ -58,8 +58,7 @@ pub struct FittedState {
 impl FittedState {
     /// A state holding `params`, versioned by their content.
     pub fn new(pipeline: &str, params: BTreeMap<String, FittedParam>) -> Self {
-        let bytes = serde_json::to_vec(&params).unwrap_or_default();
-        let version = xxhash_rust::xxh64::xxh64(&bytes, 0);
+        let version = Self::hash(&params);
         FittedState {
             format: STATE_FORMAT,
             pipeline: pipeline.to_string(),
@@ -78,7 +77,16 @@ impl FittedState {
         format!("{group}/{column}/{step}")
     }
 
-    /// Reads a state from JSON, checking its format.
+    /// The version of `params`: a hash of their JSON (floats print exactly, shortest
+    /// first, so a state read back hashes as it was written).
+    fn hash(params: &BTreeMap<String, FittedParam>) -> u64 {
+        let bytes = serde_json::to_vec(params).unwrap_or_default();
+        xxhash_rust::xxh64::xxh64(&bytes, 0)
+    }
+
+    /// Reads a state from JSON, checking its format, that its version is the hash of its
+    /// parameters (so a version always identifies the statistics batches were made with)
+    /// and every parameter's invariants.
     pub fn from_json(text: &str) -> Result<Self> {
         let state: FittedState = serde_json::from_str(text)?;
         if state.format != STATE_FORMAT {
@@ -87,7 +95,55 @@ impl FittedState {
                 state.format
             )));
         }
+        let hash = Self::hash(&state.params);
+        if state.version != hash {
+            return Err(OpError::State(format!(
+                "its parameters were changed after fitting: version {} is not their hash \
+                 {hash} (refit, or set \"version\": {hash} to accept the edit)",
+                state.version
+            )));
+        }
+        state.check()?;
         Ok(state)
+    }
+
+    /// Checks every parameter: finite numbers, `std >= 0`, `min <= max`, ascending
+    /// boundaries, distinct vocabulary values.
+    pub fn check(&self) -> Result<()> {
+        for (key, param) in &self.params {
+            let bad = |reason: &str| {
+                let key: String = key.chars().take(200).flat_map(char::escape_debug).collect();
+                Err(OpError::State(format!("`{key}`: {reason}")))
+            };
+            match param {
+                FittedParam::Standardize { mean, std } => {
+                    if !mean.is_finite() || !std.is_finite() || *std < 0.0 {
+                        return bad("standardize needs a finite mean and a finite std >= 0");
+                    }
+                }
+                FittedParam::MinMax { min, max } => {
+                    if !min.is_finite() || !max.is_finite() || min > max {
+                        return bad("min_max needs finite min <= max");
+                    }
+                }
+                FittedParam::Quantiles { boundaries } => {
+                    if boundaries.iter().any(|b| !b.is_finite())
+                        || boundaries.windows(2).any(|w| w[0] > w[1])
+                    {
+                        return bad("quantile boundaries must be finite and ascending");
+                    }
+                }
+                FittedParam::Vocab { values } => {
+                    let mut seen = std::collections::HashSet::with_capacity(values.len());
+                    if let Some(dup) = values.iter().find(|v| !seen.insert(*v)) {
+                        let dup: String =
+                            dup.chars().take(200).flat_map(char::escape_debug).collect();
+                        return bad(&format!("vocabulary value `{dup}` appears twice"));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The state as pretty JSON.

@@ -57,6 +57,7 @@ pub fn own<'s>(
             let mut owners = made.map_err(|e| errors.set("own", e)).unwrap_or_default();
             let mut cap = Some(cap);
             move |(input, frontier), output| {
+                let _running = hydrant_operators::running::enter("own");
                 let mut failed = None;
                 input.for_each(|_, data| {
                     for piece in data.drain(..) {

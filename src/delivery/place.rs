@@ -21,6 +21,7 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
         self.unary(Pipeline, "Place", move |_, _| {
             let mut pieces = Vec::new();
             move |input, output| {
+                let _running = hydrant_operators::running::enter("place");
                 input.for_each(|time, data| {
                     let mut session = output.session(&time);
                     let (plan, rows) = (&delivery.plan, delivery.plan.rows());

@@ -193,7 +193,7 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
         // The other workers would wait for the failed one forever, and joining timely's
         // threads after a failure panics: let them be (a command exits; an embedded
         // caller's loaders get the error).
-        errors.set("dataflow", &failure);
+        errors.set_message(&failure);
         std::mem::forget(guards);
         return Err(Error::Dataflow(failure));
     }
@@ -326,6 +326,7 @@ fn run_worker(
         )
         .unary::<CapacityContainerBuilder<Vec<()>>, _, _, _>(Pipeline, "Sink", move |_, _| {
             move |input, _output| {
+                let _running = hydrant_operators::running::enter("sink");
                 input.for_each(|_, data| {
                     for rb in data.drain(..) {
                         let mut r = out2.borrow_mut();
@@ -392,12 +393,22 @@ fn read_epochs(
                 continue;
             }
             let unit = &units[u];
-            let batches = match job.inputs.read(unit) {
+            let read = || {
+                let _running = hydrant_operators::running::enter("source");
+                job.inputs.read(unit)
+            };
+            let mut batches = match read() {
                 Ok(b) => b,
                 Err(e) => return errors.set("source", e),
             };
             let mut offset = 0;
-            for batch in batches {
+            loop {
+                // Only reading is `source`; the steps below run the other operators.
+                let next = {
+                    let _running = hydrant_operators::running::enter("source");
+                    batches.next()
+                };
+                let Some(batch) = next else { break };
                 let mut b = match batch {
                     Ok(b) => b,
                     Err(e) => return errors.set("source", e),
@@ -434,6 +445,7 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
         // it, or the others would wait for this worker's statistics forever.
         let mut failed = None;
         let columns = fitter.columns();
+        let running = hydrant_operators::running::enter("fit");
         'units: for unit in job.inputs.units().iter().skip(index).step_by(peers) {
             let batches = match job.inputs.read_columns(unit, Some(&columns)) {
                 Ok(b) => b,
@@ -452,6 +464,7 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
                 }
             }
         }
+        drop(running);
         // Take part in the exchange even after a failure, so the other workers finish.
         let gathered = Rc::new(RefCell::new(
             Vec::<(usize, Result<FitPartial, String>)>::new(),

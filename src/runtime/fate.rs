@@ -80,10 +80,13 @@ pub fn install_hook() {
                 .location()
                 .map(|l| format!(" at {}:{}", l.file(), l.line()))
                 .unwrap_or_default();
+            let op = hydrant_operators::running::current()
+                .map(|op| format!(" in operator `{op}`"))
+                .unwrap_or_default();
             let recorded = JOB.with(|j| {
                 j.borrow()
                     .as_ref()
-                    .map(|fate| fate.fail(format!("{role} panicked{at}: {message}")))
+                    .map(|fate| fate.fail(format!("{role} panicked{op}{at}: {message}")))
                     .is_some()
             });
             if !recorded {

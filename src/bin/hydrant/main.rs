@@ -19,7 +19,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use serve::ServeArgs;
 
+mod args;
 mod serve;
+
+use args::{MAX_BATCH_SIZE, MAX_PREFETCH, MAX_PROCESSES, MAX_RANKS, MAX_WORKERS, float_in, int_in};
 
 #[derive(Parser)]
 #[command(
@@ -87,14 +90,15 @@ struct Common {
     /// (Not for a pipeline whose input is pushed over Flight.)
     #[arg(long, num_args = 1..)]
     input: Vec<PathBuf>,
-    /// Worker threads per process (default: the number of cores).
-    #[arg(long)]
+    /// Worker threads per process (default: the number of cores; no more are started than
+    /// there are units of input or ranks to keep busy).
+    #[arg(long, value_parser = int_in(1, MAX_WORKERS))]
     workers: Option<usize>,
     /// Processes in a timely cluster.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = int_in(1, MAX_PROCESSES))]
     processes: usize,
     /// This process's index in the cluster.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = int_in(0, MAX_PROCESSES - 1))]
     process: usize,
     /// host:port per line, one per process.
     #[arg(long)]
@@ -122,11 +126,15 @@ struct RunArgs {
 #[derive(Args, Clone)]
 struct DeliveryArgs {
     /// Data-parallel ranks (world size).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = int_in(1, MAX_RANKS))]
     ranks: usize,
     /// Rows per rank per step.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = int_in(1, MAX_BATCH_SIZE))]
     batch_size: usize,
+    /// The most bytes a rank's batches in flight may take (batch size × bytes per row ×
+    /// prefetch); checked before anything is allocated.
+    #[arg(long, default_value_t = hydrant::DEFAULT_MAX_BATCH_BYTES, value_parser = int_in(1u64, 1 << 48))]
+    max_batch_bytes: u64,
     /// Epochs to deliver.
     #[arg(long, default_value_t = 1)]
     epochs: u64,
@@ -138,7 +146,7 @@ struct DeliveryArgs {
     #[arg(long)]
     shuffle: bool,
     /// Rows in a shuffle window (`--shuffle-buffer` is the old name of this option).
-    #[arg(long, alias = "shuffle-buffer", default_value_t = 65_536)]
+    #[arg(long, alias = "shuffle-buffer", default_value_t = 65_536, value_parser = int_in(1u64, 1 << 40))]
     shuffle_window: u64,
     /// A last step that is not full: `pad` (marked padding rows) or `drop`.
     #[arg(long, default_value = "pad")]
@@ -150,18 +158,19 @@ struct DeliveryArgs {
     #[arg(long, default_value_t = 0)]
     start_step: u64,
     /// Training batches each loader keeps ready.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = int_in(1, MAX_PREFETCH))]
     prefetch: usize,
     /// Loader memory: `host`, or `cuda[:N]` (needs the `cuda` feature; falls back to host).
     #[arg(long, default_value = "host")]
     loader: String,
     /// train:logreg: extra milliseconds per step, standing in for a bigger model.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = float_in(0.0, 3.6e6))]
     step_ms: f64,
     /// train:logreg: learning rate.
-    #[arg(long, default_value_t = 0.05)]
-    learning_rate: f32,
-    /// train:logreg: print the loss every N steps to stderr (default: 10 on a terminal).
+    #[arg(long, default_value_t = 0.05, value_parser = float_in(0.0, 1e6))]
+    learning_rate: f64,
+    /// train:logreg: print the loss every N steps to stderr (default: 10 on a terminal;
+    /// 0: never).
     #[arg(long)]
     log_every: Option<u64>,
 }
@@ -182,12 +191,24 @@ impl DeliveryArgs {
                 backend: self.loader.parse::<Backend>()?,
             },
             cluster,
+            max_batch_bytes: self.max_batch_bytes,
         })
     }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version go out whole; a bad argument is one line (clap's first, without
+        // its "error: " and the advice to try --help) and exit code 2.
+        Err(e) if e.use_stderr() => {
+            let text = e.to_string();
+            let line = text.lines().next().unwrap_or("bad arguments");
+            eprintln!("hydrant: {line} (see --help)");
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -267,6 +288,7 @@ fn demo(rows: u64, dir: &Path) -> Result<()> {
     let delivery = DeliveryArgs {
         ranks: 2,
         batch_size: 4096,
+        max_batch_bytes: hydrant::DEFAULT_MAX_BATCH_BYTES,
         epochs: 2,
         seed: 0,
         shuffle: true,
@@ -308,9 +330,14 @@ fn prepare(
     state: Option<&Path>,
     delivery: Option<&DeliveryArgs>,
 ) -> Result<Pipeline> {
-    let workers = common
-        .workers
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = common.workers.unwrap_or(cores);
+    if workers > cores {
+        eprintln!(
+            "hydrant: warning: --workers {workers} is more than the {cores} cores here; \
+             workers will take turns on them"
+        );
+    }
     let cluster = Cluster {
         workers,
         processes: common.processes,
@@ -372,7 +399,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
             SinkSpec::Train => Some(hydrant::demo::train(
                 running.ranks(),
                 TrainConfig {
-                    learning_rate: args.delivery.learning_rate,
+                    learning_rate: args.delivery.learning_rate as f32,
                     step_time: Duration::from_secs_f64(args.delivery.step_ms / 1e3),
                     log_every: args.delivery.log_every.unwrap_or(
                         if std::io::stderr().is_terminal() {

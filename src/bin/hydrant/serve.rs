@@ -30,7 +30,7 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     insecure_listen_any: bool,
     /// Largest message the server accepts, in bytes.
-    #[arg(long, default_value_t = 64 << 20)]
+    #[arg(long, default_value_t = 64 << 20, value_parser = super::int_in(1 << 10, i32::MAX as usize))]
     max_message_bytes: usize,
     /// Export Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long)]
@@ -191,6 +191,7 @@ fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serv
     let state = read_state(path)?;
     let d = &args.delivery;
     let options = d.options(hydrant::runtime::Cluster::local(1))?;
+    options.check_memory(&spec.plan(&spec.nominal_schema())?.output_schema())?;
     let plan = hydrant::delivery::EpochPlan::new(
         Vec::new(),
         options.ranks,

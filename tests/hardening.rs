@@ -1,0 +1,391 @@
+//! Hostile arguments and inputs: each gets one line and a non-zero exit within seconds —
+//! no panic, abort, signal or hang.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use common::*;
+use hydrant::operators::{FittedParam, FittedState, Vocabulary};
+
+fn setup() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = gen_criteo(dir.path(), 2_000, 1);
+    (dir, input.to_str().unwrap().to_string())
+}
+
+/// `hydrant_err`, also asserting it took under `limit`.
+fn err_within(limit: Duration, args: &[&str]) -> String {
+    let t = Instant::now();
+    let err = hydrant_err(args);
+    assert!(t.elapsed() < limit, "{args:?} took {:?}", t.elapsed());
+    err
+}
+
+#[test]
+fn arguments_are_checked_before_anything_runs() {
+    let (_dir, input) = setup();
+    let toml = criteo_toml();
+    let base = ["--pipeline", toml.to_str().unwrap(), "--input", &input];
+    for (command, extra, needle) in [
+        (
+            "run",
+            vec!["--batch-size", "18446744073709551615"],
+            "--batch-size",
+        ),
+        ("run", vec!["--batch-size", "1000000000000"], "--batch-size"),
+        ("run", vec!["--batch-size", "10000000"], "--max-batch-bytes"),
+        (
+            "run",
+            vec!["--batch-size", "4096", "--max-batch-bytes", "1000000"],
+            "more than --max-batch-bytes 1000000",
+        ),
+        (
+            "serve",
+            vec!["--batch-size", "10000000"],
+            "--max-batch-bytes",
+        ),
+        (
+            "run",
+            vec!["--prefetch", "18446744073709551615"],
+            "--prefetch",
+        ),
+        ("run", vec!["--prefetch", "0"], "--prefetch"),
+        ("run", vec!["--step-ms", "NaN"], "--step-ms"),
+        ("run", vec!["--step-ms", "inf"], "--step-ms"),
+        ("run", vec!["--step-ms=-1"], "--step-ms"),
+        ("run", vec!["--learning-rate", "NaN"], "--learning-rate"),
+        ("run", vec!["--workers", "0"], "--workers"),
+        ("run", vec!["--workers", "100000"], "--workers"),
+        ("run", vec!["--ranks", "0"], "--ranks"),
+        ("run", vec!["--shuffle-window", "0"], "--shuffle-window"),
+        (
+            "serve",
+            vec!["--max-message-bytes", "0"],
+            "--max-message-bytes",
+        ),
+    ] {
+        let mut args = vec![command];
+        args.extend(base);
+        args.extend(extra.iter());
+        let err = err_within(Duration::from_secs(10), &args);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+}
+
+#[test]
+fn workers_beyond_the_work_are_not_started() {
+    let (_dir, input) = setup();
+    let toml = criteo_toml();
+    let t = Instant::now();
+    let out = hydrant(&[
+        "run",
+        "--pipeline",
+        toml.to_str().unwrap(),
+        "--input",
+        &input,
+        "--workers",
+        "1000",
+        "--ranks",
+        "2",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(
+        stderr.contains("warning: --workers 1000 is more than"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    // One unit of input, two ranks: two workers have something to do.
+    assert_eq!(summary["workers"], 2, "{summary}");
+    assert_eq!(summary["rows"], 2_000);
+}
+
+#[test]
+fn a_panic_in_any_operator_ends_the_job_with_one_line() {
+    let (_dir, input) = setup();
+    let toml = criteo_toml();
+    for op in ["fit", "source", "featurize", "place", "own", "sink"] {
+        let t = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_hydrant"))
+            .args([
+                "run",
+                "--pipeline",
+                toml.to_str().unwrap(),
+                "--input",
+                &input,
+                "--ranks",
+                "2",
+                "--workers",
+                "2",
+            ])
+            .env(hydrant::operators::running::FAIL_POINT_ENV, op)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        assert!(!out.status.success(), "{op}: {stderr}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{op}: {:?}",
+            t.elapsed()
+        );
+        assert_eq!(stderr.lines().count(), 1, "{op}: {stderr}");
+        assert!(
+            stderr.contains("panicked in operator `") && stderr.contains(&format!("`{op}`")),
+            "{op}: {stderr}"
+        );
+        assert!(stderr.contains("work-"), "names the worker: {stderr}");
+    }
+}
+
+/// Writes `batches` as an Arrow IPC stream (`stream`) or file.
+fn write_ipc(path: &Path, batches: &[RecordBatch], stream: bool) {
+    let file = std::fs::File::create(path).unwrap();
+    let schema = batches[0].schema();
+    if stream {
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(file, &schema).unwrap();
+        batches.iter().for_each(|b| w.write(b).unwrap());
+        w.finish().unwrap();
+    } else {
+        let mut w = arrow::ipc::writer::FileWriter::try_new(file, &schema).unwrap();
+        batches.iter().for_each(|b| w.write(b).unwrap());
+        w.finish().unwrap();
+    }
+}
+
+#[test]
+fn inputs_that_are_not_plain_files_or_change_while_read() {
+    let (dir, input) = setup();
+    let toml = criteo_toml();
+    let toml = toml.to_str().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+
+    // A FIFO would block the open forever.
+    let fifo = p("fifo.parquet");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let err = err_within(
+        Duration::from_secs(10),
+        &["run", "--pipeline", toml, "--input", &fifo],
+    );
+    assert!(
+        err.contains("fifo.parquet") && err.contains("not a regular file"),
+        "{err}"
+    );
+    let err = err_within(
+        Duration::from_secs(10),
+        &["run", "--pipeline", toml, "--input", "/dev/zero"],
+    );
+    assert!(err.contains("not a regular file"), "{err}");
+
+    // Hidden and `_` files in a folder are not data.
+    std::fs::create_dir(p("folder")).unwrap();
+    std::fs::copy(&input, p("folder/part-0.parquet")).unwrap();
+    std::fs::write(p("folder/.part-0.parquet.crc"), "junk").unwrap();
+    std::fs::write(p("folder/.hidden.parquet"), "junk").unwrap();
+    std::fs::write(p("folder/_SUCCESS"), "").unwrap();
+    std::fs::write(p("folder/_metadata.parquet"), "junk").unwrap();
+    let s = hydrant_ok(&["run", "--pipeline", toml, "--input", &p("folder")]);
+    assert_eq!(s["rows"], 2_000);
+
+    // Arrow IPC streams are read, as IPC files are, and give the same rows.
+    let batches = read_parquet(Path::new(&input));
+    write_ipc(Path::new(&p("rows.arrows")), &batches, true);
+    write_ipc(Path::new(&p("rows.arrow")), &batches, false);
+    let parquet = hydrant_ok(&["run", "--pipeline", toml, "--input", &input]);
+    for f in ["rows.arrows", "rows.arrow"] {
+        let s = hydrant_ok(&["run", "--pipeline", toml, "--input", &p(f)]);
+        assert_eq!(s["rows"], parquet["rows"], "{f}");
+    }
+
+    // Truncated after its footer was read (as a run or a server would have): an error
+    // naming the file, not SIGBUS.
+    for (f, stream) in [("cut.arrow", false), ("cut.arrows", true)] {
+        write_ipc(Path::new(&p(f)), &batches, stream);
+        let inputs = hydrant::source::Inputs::open(&[p(f).into()], 500).unwrap();
+        let len = std::fs::metadata(p(f)).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(p(f))
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+        let err = inputs
+            .units()
+            .iter()
+            .flat_map(|u| match inputs.read(u) {
+                Ok(batches) => batches.collect::<Vec<_>>(),
+                Err(e) => vec![Err(e)],
+            })
+            .find_map(|b| b.err())
+            .unwrap_or_else(|| panic!("{f}: reading a truncated file succeeded"));
+        let err = err.to_string();
+        assert!(err.contains(f), "{err}");
+    }
+    // A file that lost whole batches ends with an error, never with rows missing.
+    let mut fewer = batches.clone();
+    fewer.truncate(batches.len() / 2);
+    write_ipc(Path::new(&p("fewer.arrows")), &batches, true);
+    let inputs = hydrant::source::Inputs::open(&[p("fewer.arrows").into()], 500).unwrap();
+    write_ipc(Path::new(&p("fewer.arrows")), &fewer, true);
+    let read: Vec<_> = inputs.read(&inputs.units()[0]).unwrap().collect();
+    let err = read.last().unwrap().as_ref().unwrap_err().to_string();
+    assert!(
+        err.contains("fewer rows") && err.contains("changed while read"),
+        "{err}"
+    );
+}
+
+#[test]
+fn group_names_that_collide_or_are_unsafe_are_refused_before_reading() {
+    let (dir, input) = setup();
+    let text = std::fs::read_to_string(criteo_toml()).unwrap();
+    assert!(text.contains("name = \"dense\""));
+    for name in [
+        "rank",
+        "epoch",
+        "step",
+        "row_id",
+        "is_padding",
+        "label",
+        "",
+        "a/b",
+        "ids",
+    ] {
+        let path = dir.path().join("p.toml");
+        std::fs::write(
+            &path,
+            text.replace("name = \"dense\"", &format!("name = \"{name}\"")),
+        )
+        .unwrap();
+        let err = err_within(
+            Duration::from_secs(5),
+            &[
+                "run",
+                "--pipeline",
+                path.to_str().unwrap(),
+                "--input",
+                &input,
+            ],
+        );
+        assert!(err.contains("p.toml"), "{name}: {err}");
+        if !name.is_empty() {
+            assert!(err.contains(&format!("group `{name}`")), "{name}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_state_is_checked_against_its_version_and_invariants() {
+    let (dir, input) = setup();
+    let toml = criteo_toml();
+    let toml = toml.to_str().unwrap();
+    let state = dir.path().join("state.json");
+    let state_s = state.to_str().unwrap();
+    hydrant_ok(&[
+        "fit",
+        "--pipeline",
+        toml,
+        "--input",
+        &input,
+        "--out",
+        state_s,
+    ]);
+    let fitted = hydrant::read_state(&state).unwrap();
+    let run = |path: &str| {
+        err_within(
+            Duration::from_secs(10),
+            &[
+                "run",
+                "--pipeline",
+                toml,
+                "--input",
+                &input,
+                "--state",
+                path,
+            ],
+        )
+    };
+
+    // Parameters edited, version kept.
+    let mut edited = fitted.clone();
+    let (key, _) = edited
+        .params
+        .iter()
+        .find(|(_, p)| matches!(p, FittedParam::Standardize { .. }))
+        .map(|(k, p)| (k.clone(), p.clone()))
+        .unwrap();
+    edited.params.insert(
+        key.clone(),
+        FittedParam::Standardize {
+            mean: 123.0,
+            std: 1.0,
+        },
+    );
+    std::fs::write(&state, edited.to_json()).unwrap();
+    let err = run(state_s);
+    assert!(
+        err.contains("state.json") && err.contains("changed after fitting"),
+        "{err}"
+    );
+
+    // Versioned correctly, but impossible.
+    let rebuilt = |key: &str, param: FittedParam| {
+        let mut params: BTreeMap<String, FittedParam> = fitted.params.clone();
+        params.insert(key.to_string(), param);
+        FittedState::new(&fitted.pipeline, params).to_json()
+    };
+    std::fs::write(
+        &state,
+        rebuilt(
+            &key,
+            FittedParam::Standardize {
+                mean: 0.0,
+                std: -1.0,
+            },
+        ),
+    )
+    .unwrap();
+    let err = run(state_s);
+    assert!(err.contains(&key) && err.contains("std >= 0"), "{err}");
+
+    let (vocab_key, _) = fitted
+        .params
+        .iter()
+        .find(|(_, p)| matches!(p, FittedParam::Vocab { .. }))
+        .unwrap();
+    let values: Vocabulary = ["a", "b", "a"].into_iter().collect();
+    std::fs::write(&state, rebuilt(vocab_key, FittedParam::Vocab { values })).unwrap();
+    let err = run(state_s);
+    assert!(err.contains("`a` appears twice"), "{err}");
+
+    std::fs::write(
+        &state,
+        rebuilt(
+            &key,
+            FittedParam::Quantiles {
+                boundaries: vec![2.0, 1.0],
+            },
+        ),
+    )
+    .unwrap();
+    let err = run(state_s);
+    assert!(err.contains("ascending"), "{err}");
+
+    // Not a regular file.
+    for path in ["/dev/null", dir.path().to_str().unwrap()] {
+        let err = run(path);
+        assert!(err.contains("not a regular file"), "{path}: {err}");
+    }
+}
