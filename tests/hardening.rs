@@ -211,8 +211,17 @@ fn inputs_that_are_not_plain_files_or_change_while_read() {
 
     // Truncated after its footer was read (as a run or a server would have): an error
     // naming the file, not SIGBUS.
-    for (f, stream) in [("cut.arrow", false), ("cut.arrows", true)] {
-        write_ipc(Path::new(&p(f)), &batches, stream);
+    for (f, stream) in [
+        ("cut.arrow", Some(false)),
+        ("cut.arrows", Some(true)),
+        ("cut.parquet", None),
+    ] {
+        match stream {
+            Some(stream) => write_ipc(Path::new(&p(f)), &batches, stream),
+            None => {
+                std::fs::copy(&input, p(f)).unwrap();
+            }
+        }
         let inputs = hydrant::source::Inputs::open(&[p(f).into()], 500).unwrap();
         let len = std::fs::metadata(p(f)).unwrap().len();
         std::fs::OpenOptions::new()

@@ -22,9 +22,11 @@
 //! ```
 
 mod auth;
+mod check;
 mod service;
 mod ticket;
 
 pub use auth::{Auth, AuthError};
+pub use check::{Guarded, MAX_PUSH_ROWS, check_message, decode_guarded, quiet_decoder_panics};
 pub use service::{BatchMeta, FlightServer, RankStream, ServeError, Served, batch_bytes};
 pub use ticket::{Ticket, TicketError};

@@ -14,6 +14,7 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
 };
 use bytes::Bytes;
+use futures::FutureExt;
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tonic::transport::server::TcpIncoming;
@@ -170,7 +171,12 @@ impl FlightServer {
         self.pipelines
             .iter()
             .find(|p| p.name() == name)
-            .ok_or_else(|| Status::not_found(format!("no pipeline `{name}` is served")))
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "no pipeline `{}` is served",
+                    hydrant_operators::quoted(name)
+                ))
+            })
     }
 
     fn info(&self, p: &Arc<dyn Served>) -> Result<FlightInfo, Status> {
@@ -437,11 +443,34 @@ impl FlightService for FlightServer {
         };
         let messages = stream::once(async { Ok(first) })
             .chain(input)
-            .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(too_large(s))));
+            .map(|m| {
+                let m = m.map_err(too_large)?;
+                crate::check::check_message(&m)
+                    .map_err(|e| Status::invalid_argument(format!("bad DoPut message: {e}")))?;
+                Ok(m)
+            })
+            .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
         let mut batches = FlightRecordBatchStream::new_from_flight_data(messages);
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
-            while let Some(batch) = batches.next().await {
+            loop {
+                // Messages are checked before arrow decodes them; should its decoder still
+                // panic, the producer gets an error, never a stream that ends OK without
+                // acknowledgements.
+                let next = crate::check::Guarded(std::panic::AssertUnwindSafe(batches.next()))
+                    .catch_unwind()
+                    .await;
+                let batch = match next {
+                    Ok(Some(batch)) => batch,
+                    Ok(None) => return,
+                    Err(_) => {
+                        let status = Status::invalid_argument(
+                            "bad DoPut stream: the IPC decoder failed on it",
+                        );
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
                 let batch = match batch {
                     Ok(b) => b,
                     Err(e) => {
@@ -505,8 +534,9 @@ impl FlightService for FlightServer {
                 let body = arrow_flight::Result::new(b"{\"ended\":true}".to_vec());
                 Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
             }
-            other => Err(Status::invalid_argument(format!(
-                "unknown action `{other}` (ListActions lists them)"
+            other => Err(Status::unimplemented(format!(
+                "unknown action `{}` (ListActions lists them)",
+                hydrant_operators::quoted(other)
             ))),
         }
     }

@@ -30,7 +30,8 @@ impl Ticket {
     /// Parses and checks a ticket.
     pub fn parse(bytes: &[u8]) -> Result<Ticket, TicketError> {
         let text = std::str::from_utf8(bytes).map_err(|_| TicketError("not UTF-8".into()))?;
-        let t: Ticket = serde_json::from_str(text).map_err(|e| TicketError(e.to_string()))?;
+        let t: Ticket = serde_json::from_str(text)
+            .map_err(|e| TicketError(hydrant_operators::quoted(&e.to_string())))?;
         if t.world_size == 0 {
             return Err(TicketError("`world_size` must be at least 1".into()));
         }
@@ -82,5 +83,15 @@ mod tests {
             let err = Ticket::parse(bytes).unwrap_err().to_string();
             assert!(err.contains(needle), "{needle}: {err}");
         }
+    }
+
+    #[test]
+    fn errors_quote_a_client_briefly_and_on_one_line() {
+        // Found by fuzzing: an unknown field's name was repeated whole, newlines included.
+        let field = format!("a\\nb{}", "x".repeat(10_000));
+        let bytes = format!(r#"{{"{field}":1}}"#);
+        let err = Ticket::parse(bytes.as_bytes()).unwrap_err().to_string();
+        assert!(!err.contains('\n') && err.contains("a\\nb"), "{err}");
+        assert!(err.chars().count() < 260, "{}", err.len());
     }
 }

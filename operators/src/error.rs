@@ -62,8 +62,37 @@ impl OpError {
     }
 }
 
+/// The most characters of someone else's text (a step, a name, a client's bytes) that an
+/// error repeats.
+pub const QUOTED_CHARS: usize = 200;
+
+/// `text` as one line of at most [`QUOTED_CHARS`] characters, for an error message: control
+/// characters escaped, the rest cut with `…`.
+pub fn quoted(text: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == QUOTED_CHARS {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn quoted_is_one_short_line() {
+        let q = super::quoted(&format!("a\nb{}", "x".repeat(1000)));
+        assert!(q.starts_with("a\\nb") && !q.contains('\n'), "{q}");
+        assert_eq!(q.chars().count(), super::QUOTED_CHARS + 2);
+    }
+
     #[test]
     fn error_stays_small() {
         // Results of this crate travel through every kernel; keep them cheap to move.

@@ -55,7 +55,7 @@ mod transform;
 mod vocabulary;
 
 pub use batch::Batch;
-pub use error::{OpError, Result};
+pub use error::{OpError, QUOTED_CHARS, Result, quoted};
 pub use fit::{FitPartial, Fitter};
 pub use group::{FeatureGroup, GroupKind, LabelSpec, LabelType};
 pub use operator::{ErrorSlot, Featurize};

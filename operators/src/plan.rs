@@ -27,11 +27,7 @@ pub fn check_group_names(groups: &[FeatureGroup]) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     for group in groups {
         let name = group.name.as_str();
-        let shown: String = name
-            .chars()
-            .take(MAX_GROUP_NAME)
-            .flat_map(char::escape_debug)
-            .collect();
+        let shown = crate::error::quoted(name);
         let bad = |reason: &str| Err(OpError::plan(&shown, "-", reason));
         let well_formed = (1..=MAX_GROUP_NAME).contains(&name.len())
             && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')

@@ -88,7 +88,10 @@ impl FittedState {
     /// parameters (so a version always identifies the statistics batches were made with)
     /// and every parameter's invariants.
     pub fn from_json(text: &str) -> Result<Self> {
-        let state: FittedState = serde_json::from_str(text)?;
+        // serde's messages may quote the text (an unknown field, a bad string): bounded.
+        let state: FittedState = serde_json::from_str(text).map_err(|e| {
+            OpError::State(format!("JSON: {}", crate::error::quoted(&e.to_string())))
+        })?;
         if state.format != STATE_FORMAT {
             return Err(OpError::State(format!(
                 "format {} is not supported (expected {STATE_FORMAT})",
@@ -112,8 +115,10 @@ impl FittedState {
     pub fn check(&self) -> Result<()> {
         for (key, param) in &self.params {
             let bad = |reason: &str| {
-                let key: String = key.chars().take(200).flat_map(char::escape_debug).collect();
-                Err(OpError::State(format!("`{key}`: {reason}")))
+                Err(OpError::State(format!(
+                    "`{}`: {reason}",
+                    crate::error::quoted(key)
+                )))
             };
             match param {
                 FittedParam::Standardize { mean, std } => {
@@ -136,8 +141,7 @@ impl FittedState {
                 FittedParam::Vocab { values } => {
                     let mut seen = std::collections::HashSet::with_capacity(values.len());
                     if let Some(dup) = values.iter().find(|v| !seen.insert(*v)) {
-                        let dup: String =
-                            dup.chars().take(200).flat_map(char::escape_debug).collect();
+                        let dup = crate::error::quoted(dup);
                         return bad(&format!("vocabulary value `{dup}` appears twice"));
                     }
                 }

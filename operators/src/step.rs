@@ -54,8 +54,9 @@ impl Step {
     /// Parses one step as written in a pipeline file.
     pub fn parse(text: &str) -> Result<Step> {
         let bad = |reason: &str| OpError::BadStep {
-            step: text.to_string(),
-            reason: reason.to_string(),
+            step: crate::error::quoted(text),
+            // Reasons repeat parts of the text (`x` is not a number).
+            reason: crate::error::quoted(reason),
         };
         let text_t = text.trim();
         let (name, args) = match text_t.find('(') {
@@ -339,6 +340,16 @@ mod tests {
         ] {
             let err = Step::parse(text).unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn errors_are_one_bounded_line_whatever_the_text() {
+        // Found by fuzzing: the step and the reason repeated the text raw, newlines and all.
+        for text in ["c(\0\0\n=b\0\n)", " ,l3\0\n(10)", &"x\n".repeat(5000)] {
+            let err = Step::parse(text).unwrap_err().to_string();
+            assert!(!err.contains('\n'), "{err}");
+            assert!(err.len() < 1000, "{}", err.len());
         }
     }
 }

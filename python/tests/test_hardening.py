@@ -1,6 +1,6 @@
-"""A server whose input changes underneath it fails the affected stream, not the process."""
+"""A server whose input changes underneath it, or whose run panics, fails the affected
+stream, not the process."""
 
-import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
@@ -29,5 +29,19 @@ def test_an_input_truncated_while_served_fails_its_stream_only(data, tmp_path):
         # The process is alive (no SIGBUS) and still answers.
         assert s.proc.poll() is None
         assert [ep["rank"] for ep in client.endpoints("criteo")] == [0]
+    finally:
+        s.stop()
+
+
+def test_a_panic_in_a_served_run_fails_its_stream_only(data, monkeypatch):
+    path, state = data
+    monkeypatch.setenv("HYDRANT_FAIL_POINT", "featurize")
+    s = Server("--pipeline", PIPELINE, "--input", path, "--state", state)
+    try:
+        client = Client(s.uri)
+        with pytest.raises(HydrantError, match="panicked in operator `featurize`"):
+            list(client.batches("criteo", 0, 1))
+        assert s.proc.poll() is None
+        assert client.status()["pipelines"][0]
     finally:
         s.stop()

@@ -113,3 +113,41 @@ def test_a_doput_without_the_ingest_path_is_invalid(pushed):
         writer.done_writing()
         reader.read()
         writer.close()
+
+
+def test_a_batch_that_featurizes_to_another_width_is_refused_and_loses_nothing(tmp_path):
+    """A pass-through tensor of width 3 where the server delivers width 1 used to be
+    acknowledged, then broke the next good batch and lost every acknowledged row."""
+    import numpy as np
+    import pyarrow as pa
+
+    toml = 'name = "emb"\n[[group]]\nname = "emb"\nkind = "dense"\ncolumns = ["e"]\n'
+    files = tmp_path / "files.toml"
+    files.write_text(toml)
+    good = pa.table({"e": pa.array(np.arange(100, dtype=np.float64))})
+    pq.write_table(good, tmp_path / "e.parquet")
+    state = tmp_path / "state.json"
+    hydrant("fit", "--pipeline", files, "--input", tmp_path / "e.parquet", "--out", state)
+    pushed = tmp_path / "pushed.toml"
+    pushed.write_text('input = "flight"\n' + toml)
+    s = Server("--pipeline", pushed, "--state", state, "--batch-size", "10")
+    try:
+        client = Client(s.uri)
+        got = []
+        reader = threading.Thread(
+            target=lambda: got.extend(client.batches("emb", 0, 1)), daemon=True
+        )
+        reader.start()
+        assert client.push("emb", good.slice(0, 40))[0]["rows"] == 40
+        wide = pa.table(
+            {"e": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(30, np.float32)), 3)}
+        )
+        with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*`emb`.*delivers"):
+            client.push("emb", wide)
+        assert client.push("emb", good.slice(40, 60))[0]["rows"] == 60
+        client.end_ingest("emb")
+        reader.join(timeout=60)
+        ids = sorted(i for b in got for i in b.row_id[~b.mask].tolist())
+        assert ids == list(range(100))
+    finally:
+        s.stop()

@@ -24,8 +24,12 @@ use hydrant_operators::{ErrorSlot, FeaturePlan, FittedState, Transformer};
 
 use crate::delivery::{Delivery, RankBatch, StreamCutter, delivery_schema};
 use crate::runtime::{self, Cluster, Job, Output};
-use crate::source::{Inputs, with_row_id};
+use crate::source::Inputs;
 use crate::spec::PipelineSpec;
+
+mod push;
+
+pub use push::PushFeaturizer;
 
 /// Bytes of sent batches each rank keeps for a reconnecting trainer: more than a stream
 /// can have in flight (the HTTP/2 stream window and the encoder's queue).
@@ -94,9 +98,7 @@ impl Session {
 
 /// Pushed input: how batches are featurized and cut as they arrive.
 struct Ingest {
-    spec: PipelineSpec,
-    /// Bound per input schema seen (producers may differ in, say, integer widths).
-    transformers: Vec<(arrow::datatypes::SchemaRef, Transformer)>,
+    featurizer: PushFeaturizer,
     cutter: StreamCutter,
     /// `None` once the input is ended.
     senders: Option<Vec<Sender<RankBatch>>>,
@@ -191,8 +193,7 @@ impl ServedPipeline {
             schema: delivery_schema(&plan.output_schema()),
             inputs: None,
             ingest: Some(Mutex::new(Ingest {
-                spec,
-                transformers: Vec::new(),
+                featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
                 cutter,
                 senders: Some(senders),
                 next_row: 0,
@@ -436,10 +437,6 @@ impl Served for ServedPipeline {
         let Some(ingest) = &self.ingest else {
             return Err(ServeError::not_pushed(&self.name));
         };
-        let invalid = |e: &dyn std::fmt::Display| {
-            metrics::counter!(crate::metrics::PUSH_REJECTED, "reason" => "invalid").increment(1);
-            ServeError::InvalidArgument(e.to_string())
-        };
         // Featurized under the lock, so that rows keep the order they were accepted in and
         // a full rank queue holds every producer back.
         let mut guard = lock(ingest);
@@ -450,28 +447,13 @@ impl Served for ServedPipeline {
                 self.name
             )));
         };
-        if batch.schema().index_of(hydrant_operators::ROW_ID).is_ok() {
-            return Err(ServeError::InvalidArgument(format!(
-                "column `{}` is added by hydrant; do not push it",
-                hydrant_operators::ROW_ID
-            )));
-        }
-        let schema = batch.schema();
-        let at = match st.transformers.iter().position(|(s, _)| *s == schema) {
-            Some(at) => at,
-            None => {
-                let plan = st.spec.plan(&schema).map_err(|e| invalid(&e))?;
-                let t = plan.transformer(&self.state).map_err(|e| invalid(&e))?;
-                st.transformers.push((schema, t));
-                st.transformers.len() - 1
-            }
-        };
         let rows = batch.num_rows() as u64;
-        let batch = with_row_id(batch, st.next_row).map_err(|e| invalid(&e))?;
-        let featurized = st.transformers[at]
-            .1
-            .apply(&batch)
-            .map_err(|e| invalid(&e))?;
+        let featurized = st
+            .featurizer
+            .featurize(batch, st.next_row)
+            .inspect_err(|_| {
+                metrics::counter!(crate::metrics::PUSH_REJECTED, "reason" => "invalid").increment(1)
+            })?;
         let mut ranked = Vec::new();
         st.cutter
             .push(featurized, &mut ranked)

@@ -97,6 +97,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             s["rows_per_epoch"].clone(),
         )
     };
+    hydrant_flight::quiet_decoder_panics();
     let server =
         hydrant_flight::FlightServer::new(vec![Arc::new(served)], auth, args.max_message_bytes);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1,0 +1,201 @@
+//! Checks a pushed IPC message before arrow decodes it. Arrow's decoder trusts a message's
+//! buffer offsets and lengths: a mutated stream panicked inside it ("the offset of the new
+//! Buffer cannot exceed the existing length") or asked for an allocation sized by a forged
+//! row count. Every such message is refused here with a reason; what passes is then decoded
+//! with arrow's validation of the arrays.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Once;
+use std::task::{Context, Poll};
+
+use arrow::ipc::{MessageHeader, root_as_message};
+use arrow_flight::FlightData;
+
+/// The most rows one pushed batch may hold.
+pub const MAX_PUSH_ROWS: i64 = 1 << 24;
+
+/// Checks one DoPut message's framing: its header is a well-formed IPC message, and every
+/// buffer and node it describes lies within its body and within [`MAX_PUSH_ROWS`].
+pub fn check_message(data: &FlightData) -> Result<(), String> {
+    if data.data_header.is_empty() {
+        // A message with only a descriptor or app metadata carries no batch.
+        return if data.data_body.is_empty() {
+            Ok(())
+        } else {
+            Err("a body without an IPC header".into())
+        };
+    }
+    let message = root_as_message(&data.data_header)
+        .map_err(|e| format!("IPC header is not a valid message: {e}"))?;
+    let body = data.data_body.len() as i64;
+    if message.bodyLength() < 0 || message.bodyLength() > body {
+        return Err(format!(
+            "IPC header says the body is {} bytes; it is {body}",
+            message.bodyLength()
+        ));
+    }
+    let batch = match message.header_type() {
+        MessageHeader::Schema | MessageHeader::NONE => return Ok(()),
+        MessageHeader::RecordBatch => message.header_as_record_batch(),
+        MessageHeader::DictionaryBatch => {
+            message.header_as_dictionary_batch().and_then(|d| d.data())
+        }
+        other => return Err(format!("IPC message of type {other:?} is not a batch")),
+    }
+    .ok_or("IPC batch header is missing")?;
+    if !(0..=MAX_PUSH_ROWS).contains(&batch.length()) {
+        return Err(format!(
+            "a batch of {} rows (at most {MAX_PUSH_ROWS})",
+            batch.length()
+        ));
+    }
+    // An array of n values takes at least n bits of body unless its type has no buffers
+    // (null); a longer node could only make arrow allocate for rows that are not there.
+    let most = body.saturating_mul(8).saturating_add(batch.length());
+    for node in batch.nodes().iter().flatten() {
+        if node.length() < 0 || node.length() > most {
+            return Err(format!(
+                "an array of {} values in {body} bytes",
+                node.length()
+            ));
+        }
+        if node.null_count() < 0 || node.null_count() > node.length() {
+            return Err(format!(
+                "an array of {} values with {} nulls",
+                node.length(),
+                node.null_count()
+            ));
+        }
+    }
+    for b in batch.buffers().iter().flatten() {
+        if b.offset() < 0 || b.length() < 0 || b.offset().saturating_add(b.length()) > body {
+            return Err(format!(
+                "a buffer at bytes {}..+{} of a {body}-byte body",
+                b.offset(),
+                b.length()
+            ));
+        }
+    }
+    for n in batch.variadicBufferCounts().iter().flatten() {
+        if n < 0 || n > body {
+            return Err(format!("{n} variadic buffers in {body} bytes"));
+        }
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// Set while this thread runs arrow's IPC decoder on pushed bytes.
+    static DECODING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `decode` (arrow's IPC decoder on pushed bytes), returning `None` if it panicked.
+///
+/// What [`check_message`] cannot see without the schema can still panic inside arrow: with
+/// arrow-ipc 60.1, an offsets buffer whose length is not a multiple of its width fails an
+/// assertion in `validate_offsets` (`prefix.is_empty() && suffix.is_empty()`). The push is
+/// then refused like any other bad stream; the panic hook (see [`quiet_decoder_panics`])
+/// says so in one line instead of a backtrace.
+pub fn decode_guarded<T>(decode: impl FnOnce() -> T) -> Option<T> {
+    let _decoding = Decoding::start();
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).ok()
+}
+
+/// A future whose polls count as decoding pushed bytes (for the panic hook); the service
+/// wraps its decoder's polls in it, inside `catch_unwind`.
+pub struct Guarded<F>(pub F);
+
+impl<F: Future + Unpin> Future for Guarded<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let _decoding = Decoding::start();
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+/// Marks this thread as decoding until dropped (also when a panic unwinds past it).
+struct Decoding;
+
+impl Decoding {
+    fn start() -> Self {
+        DECODING.set(true);
+        Decoding
+    }
+}
+
+impl Drop for Decoding {
+    fn drop(&mut self) {
+        DECODING.set(false);
+    }
+}
+
+/// Installs (once) a panic hook that reports a panic inside [`decode_guarded`] in one line
+/// and passes every other panic to the hook installed before.
+pub fn quiet_decoder_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if DECODING.get() {
+                let message = info
+                    .payload()
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                    .unwrap_or("a panic");
+                eprintln!(
+                    "hydrant: a pushed stream failed arrow's IPC decoder ({message}); refused"
+                );
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, RecordBatch, StringArray};
+    use arrow_flight::encode::FlightDataEncoderBuilder;
+    use futures::{StreamExt, TryStreamExt};
+    use std::sync::Arc;
+
+    fn messages() -> Vec<FlightData> {
+        let batch = RecordBatch::try_from_iter([
+            ("a", Arc::new(Int64Array::from(vec![1, 2, 3])) as _),
+            ("s", Arc::new(StringArray::from(vec!["x", "y", "z"])) as _),
+        ])
+        .unwrap();
+        let stream = FlightDataEncoderBuilder::new()
+            .build(futures::stream::iter([Ok(batch)]))
+            .boxed();
+        futures::executor::block_on(stream.try_collect()).unwrap()
+    }
+
+    #[test]
+    fn real_messages_pass_and_forged_ones_do_not() {
+        let good = messages();
+        assert!(good.iter().all(|m| check_message(m).is_ok()));
+        let batch = good.last().unwrap().clone();
+
+        let mut short = batch.clone();
+        short.data_body = short.data_body.slice(..short.data_body.len() / 2);
+        assert!(check_message(&short).unwrap_err().contains("body"));
+
+        let mut junk = batch.clone();
+        junk.data_header = bytes::Bytes::from_static(b"\x01\x02\x03");
+        assert!(
+            check_message(&junk)
+                .unwrap_err()
+                .contains("not a valid message")
+        );
+
+        let mut orphan = batch;
+        orphan.data_header = bytes::Bytes::new();
+        assert!(check_message(&orphan).is_err());
+    }
+}
