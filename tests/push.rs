@@ -2,8 +2,6 @@
 //! status or with an acknowledgement for its batch — never OK without one, never a panic —
 //! and the server keeps taking good batches.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -13,7 +11,6 @@ use arrow::datatypes::{DataType, Field, Schema};
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, FlightDescriptor, Ticket};
-use common::*;
 use futures::{StreamExt, TryStreamExt};
 
 /// A pipeline of pushed rows with no fitted step, so that its state is empty.

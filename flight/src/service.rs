@@ -55,6 +55,9 @@ pub enum ServeError {
     /// The pipeline failed (INTERNAL).
     #[error("{0}")]
     Internal(String),
+    /// The stream was ended by something newer, e.g. another reader of its rank (ABORTED).
+    #[error("{0}")]
+    Aborted(String),
 }
 
 impl ServeError {
@@ -73,6 +76,7 @@ impl From<ServeError> for Status {
             ServeError::NotFound(m) => Status::not_found(m),
             ServeError::FailedPrecondition(m) => Status::failed_precondition(m),
             ServeError::Internal(m) => Status::internal(m),
+            ServeError::Aborted(m) => Status::aborted(m),
         }
     }
 }

@@ -44,7 +44,10 @@ fn setup() -> &'static (PipelineSpec, FittedState, SchemaRef) {
         let spec = PipelineSpec::from_toml(PIPELINE, "fuzz.toml").unwrap();
         let mut params = std::collections::BTreeMap::new();
         for c in ["a", "b"] {
-            let p = FittedParam::Standardize { mean: 1.0, std: 2.0 };
+            let p = FittedParam::Standardize {
+                mean: 1.0,
+                std: 2.0,
+            };
             params.insert(FittedState::key("dense", c, 2), p);
         }
         for c in ["c", "d"] {
@@ -80,7 +83,10 @@ fn frames(mut data: &[u8]) -> Vec<FlightData> {
 fuzz_target!(|data: &[u8]| {
     let (spec, state, output) = setup();
     let messages = frames(data);
-    if messages.iter().any(|m| hydrant_flight::check_message(m).is_err()) {
+    if messages
+        .iter()
+        .any(|m| hydrant_flight::check_message(m).is_err())
+    {
         return;
     }
     // As the service does: arrow's decoder runs guarded, and a panic in it refuses the

@@ -9,7 +9,10 @@ fuzz_target!(|data: &[u8]| {
     match Ticket::parse(data) {
         Ok(t) => {
             assert!(t.rank < t.world_size);
-            assert_eq!(Ticket::parse(&t.to_bytes()).expect("written tickets parse"), t);
+            assert_eq!(
+                Ticket::parse(&t.to_bytes()).expect("written tickets parse"),
+                t
+            );
         }
         Err(e) => assert!(!e.to_string().contains('\n'), "one line: {e}"),
     }

@@ -156,3 +156,19 @@ def test_sigterm_shuts_down_even_with_a_stalled_stream(serve):
     assert s.proc.wait(timeout=20) == 0
     assert time.time() - t0 < 10
     assert "shutting down" in s.proc.stderr.read()
+
+
+def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
+    """A stale reader (a zombie pod, a double start) used to end a live stream with a
+    clean end of stream mid-epoch; now the replaced stream ends ABORTED, never OK."""
+    s = serve("--ranks", "1", "--batch-size", "100")
+    client = Client(s.uri)
+    first = client.batches("criteo", 0, 1)
+    got = [next(first) for _ in range(3)]
+    steps = -(-ROWS // 100)
+    second = list(client.batches("criteo", 0, 1, start_step=3))
+    assert [b.step for b in second] == list(range(3, steps))
+    with pytest.raises(HydrantError, match="(?i)aborted.*superseded by a newer reader for rank 0"):
+        for b in first:
+            got.append(b)
+    assert len(got) < steps

@@ -151,3 +151,44 @@ def test_a_batch_that_featurizes_to_another_width_is_refused_and_loses_nothing(t
         assert ids == list(range(100))
     finally:
         s.stop()
+
+
+def test_status_and_other_calls_answer_while_a_producer_is_back_pressured(tmp_path, data):
+    """A producer waiting for queue space (no trainer yet, the normal start-up order) used
+    to hold the lock that `status` needed: every later call then hung."""
+    s = pushed_server(tmp_path, data, "--ranks", "1", "--batch-size", "100")
+    try:
+        table = pq.read_table(data[0])
+        client = Client(s.uri)
+        acks = []
+        producer = threading.Thread(
+            target=lambda: acks.extend(client.push("criteo_hash", table.to_batches(1000))),
+            daemon=True,
+        )
+        producer.start()
+        producer.join(timeout=2)
+        assert producer.is_alive(), "the producer should wait for a trainer"
+        answers = {}
+
+        def calls():
+            answers["status"] = Client(s.uri).status()
+            answers["endpoints"] = Client(s.uri).endpoints("criteo_hash")
+
+        t = threading.Thread(target=calls, daemon=True)
+        t.start()
+        t.join(timeout=10)
+        assert not t.is_alive(), "status/endpoints hung behind the producer"
+        assert answers["status"]["pipelines"][0]["pushed"]["rows_in"] < table.num_rows
+        got = []
+        reader = threading.Thread(
+            target=lambda: got.extend(client.batches("criteo_hash", 0, 1)), daemon=True
+        )
+        reader.start()
+        producer.join(timeout=60)
+        assert not producer.is_alive()
+        client.end_ingest("criteo_hash")
+        reader.join(timeout=60)
+        ids = sorted(i for b in got for i in b.row_id[~b.mask].tolist())
+        assert ids == list(range(table.num_rows))
+    finally:
+        s.stop()

@@ -13,7 +13,7 @@
 //! it holds back (`pending`), so nothing is lost or reordered.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -45,6 +45,9 @@ pub struct ServedPipeline {
     inputs: Option<Arc<Inputs>>,
     /// Pushed input's state; `None` for files.
     ingest: Option<Mutex<Ingest>>,
+    /// Pushed input's counts, readable while a producer holds `ingest` (it may wait there
+    /// for queue space as long as no trainer reads: `status` must not).
+    pushed: PushCounts,
     plan: Arc<FeaturePlan>,
     state: FittedState,
     bound: Transformer,
@@ -107,6 +110,15 @@ struct Ingest {
     dropped: u64,
 }
 
+/// What `status` reports of pushed input.
+#[derive(Default)]
+struct PushCounts {
+    rows_in: AtomicU64,
+    batches_in: AtomicU64,
+    dropped: AtomicU64,
+    ended: AtomicBool,
+}
+
 struct Slot {
     /// The rank's queue (`None` for ranks a private session does not serve).
     rx: Option<Receiver<RankBatch>>,
@@ -161,6 +173,7 @@ impl ServedPipeline {
             schema: delivery_schema(&plan.output_schema()),
             inputs: Some(inputs),
             ingest: None,
+            pushed: PushCounts::default(),
             plan,
             state,
             bound,
@@ -192,6 +205,7 @@ impl ServedPipeline {
             name: spec.name.clone(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: None,
+            pushed: PushCounts::default(),
             ingest: Some(Mutex::new(Ingest {
                 featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
                 cutter,
@@ -281,6 +295,7 @@ impl ServedPipeline {
             replay,
             receiving: slot.receiving.clone(),
             rx,
+            ended: false,
         }))
     }
 }
@@ -306,6 +321,20 @@ struct Reader {
     replay: VecDeque<RankBatch>,
     receiving: Arc<Mutex<()>>,
     rx: Receiver<RankBatch>,
+    /// Set once the stream has ended (with its last batch or an error).
+    ended: bool,
+}
+
+impl Reader {
+    /// Ends this stream because a newer reader took its rank: ABORTED, never a clean end,
+    /// so that the stale reader cannot mistake it for the end of the epoch.
+    fn superseded(&mut self) -> Option<<Self as Iterator>::Item> {
+        self.ended = true;
+        Some(Err(ServeError::Aborted(format!(
+            "superseded by a newer reader for rank {}",
+            self.rank
+        ))))
+    }
 }
 
 fn meta(rb: &RankBatch) -> BatchMeta {
@@ -349,6 +378,9 @@ impl Iterator for Reader {
     type Item = Result<(BatchMeta, arrow::array::RecordBatch), ServeError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.ended {
+            return None;
+        }
         if let Some(rb) = self.replay.pop_front() {
             return Some(Ok((meta(&rb), rb.batch.data)));
         }
@@ -356,7 +388,8 @@ impl Iterator for Reader {
             {
                 let mut slot = lock(&self.session.ranks[self.rank]);
                 if slot.generation != self.generation {
-                    return None; // replaced by a reconnect
+                    drop(slot);
+                    return self.superseded();
                 }
                 while let Some(rb) = slot.pending.pop_front() {
                     if let Some(rb) = self.deliver(&mut slot, rb) {
@@ -374,7 +407,8 @@ impl Iterator for Reader {
             match got {
                 Ok(rb) if slot.generation != self.generation => {
                     slot.pending.push_back(rb);
-                    return None;
+                    drop(slot);
+                    return self.superseded();
                 }
                 Ok(rb) => {
                     // A replaced stream may have left earlier batches: they go first.
@@ -461,6 +495,8 @@ impl Served for ServedPipeline {
         send_all(senders, ranked)?;
         st.next_row += rows;
         st.seq += 1;
+        self.pushed.rows_in.store(st.next_row, Ordering::Relaxed);
+        self.pushed.batches_in.store(st.seq, Ordering::Relaxed);
         metrics::counter!(crate::metrics::PUSHED_ROWS).increment(rows);
         Ok((st.seq - 1, rows))
     }
@@ -479,6 +515,8 @@ impl Served for ServedPipeline {
             .end(&mut ranked)
             .map_err(|e| ServeError::Internal(e.to_string()))?;
         send_all(&senders, ranked)?;
+        self.pushed.dropped.store(st.dropped, Ordering::Relaxed);
+        self.pushed.ended.store(true, Ordering::Relaxed);
         if let Some(s) = lock(&self.sessions).get(&0) {
             s.done.store(true, Ordering::SeqCst);
         }
@@ -534,11 +572,13 @@ impl Served for ServedPipeline {
             "steps_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.steps()),
             "rows_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.rows()),
             "state_version": self.state.version,
-            "pushed": self.ingest.as_ref().map(|i| {
-                let i = lock(i);
+            "pushed": self.ingest.as_ref().map(|_| {
+                let p = &self.pushed;
                 serde_json::json!({
-                    "rows_in": i.next_row, "batches_in": i.seq,
-                    "ended": i.senders.is_none(), "dropped_rows": i.dropped,
+                    "rows_in": p.rows_in.load(Ordering::Relaxed),
+                    "batches_in": p.batches_in.load(Ordering::Relaxed),
+                    "ended": p.ended.load(Ordering::Relaxed),
+                    "dropped_rows": p.dropped.load(Ordering::Relaxed),
                 })
             }),
             "sessions": sessions.values().map(|s| serde_json::json!({
