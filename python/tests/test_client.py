@@ -172,3 +172,5 @@ def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
         for b in first:
             got.append(b)
     assert len(got) < steps
+
+

@@ -45,6 +45,8 @@ pub struct ServedPipeline {
     inputs: Option<Arc<Inputs>>,
     /// Pushed input's state; `None` for files.
     ingest: Option<Mutex<Ingest>>,
+    /// Bytes of sent batches each rank keeps for reconnects.
+    replay_bytes: usize,
     /// Pushed input's counts, readable while a producer holds `ingest` (it may wait there
     /// for queue space as long as no trainer reads: `status` must not).
     pushed: PushCounts,
@@ -65,6 +67,8 @@ struct Session {
     ranks: Vec<Mutex<Slot>>,
     done: Arc<AtomicBool>,
     errors: ErrorSlot,
+    /// Bytes of sent batches each rank keeps for reconnects.
+    replay_bytes: usize,
 }
 
 impl Session {
@@ -75,6 +79,7 @@ impl Session {
         first_step: u64,
         only: Option<usize>,
         world: usize,
+        replay_bytes: usize,
     ) -> (Vec<Option<Sender<RankBatch>>>, Arc<Session>) {
         let (senders, ranks) = (0..world)
             .map(|r| {
@@ -94,6 +99,7 @@ impl Session {
             ranks,
             done: Arc::default(),
             errors: ErrorSlot::default(),
+            replay_bytes,
         });
         (senders, session)
     }
@@ -157,6 +163,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl ServedPipeline {
+    /// Keeps `bytes` of sent batches per rank (default [`REPLAY_BYTES`]) for trainers that
+    /// reconnect; an older step is served by a new run.
+    pub fn with_replay_bytes(mut self, bytes: usize) -> Self {
+        self.replay_bytes = bytes;
+        self
+    }
+
     /// A pipeline over `inputs` with `state` (already fitted), delivered as `delivery`
     /// says, each session running on `workers` threads.
     pub fn new(
@@ -174,6 +187,7 @@ impl ServedPipeline {
             inputs: Some(inputs),
             ingest: None,
             pushed: PushCounts::default(),
+            replay_bytes: REPLAY_BYTES,
             plan,
             state,
             bound,
@@ -197,7 +211,8 @@ impl ServedPipeline {
             &plan.output_schema(),
             state.version,
         )?;
-        let (senders, session) = Session::with_queues(0, 0, None, delivery.plan.world_size());
+        let (senders, session) =
+            Session::with_queues(0, 0, None, delivery.plan.world_size(), REPLAY_BYTES);
         let senders = senders.into_iter().flatten().collect();
         let mut sessions = BTreeMap::new();
         sessions.insert(0, session);
@@ -206,6 +221,7 @@ impl ServedPipeline {
             schema: delivery_schema(&plan.output_schema()),
             inputs: None,
             pushed: PushCounts::default(),
+            replay_bytes: REPLAY_BYTES,
             ingest: Some(Mutex::new(Ingest {
                 featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
                 cutter,
@@ -233,8 +249,13 @@ impl ServedPipeline {
         let Some(inputs) = &self.inputs else {
             unreachable!("sessions of pushed input are made at start");
         };
-        let (senders, session) =
-            Session::with_queues(epoch, start_step, only, self.delivery.plan.world_size());
+        let (senders, session) = Session::with_queues(
+            epoch,
+            start_step,
+            only,
+            self.delivery.plan.world_size(),
+            self.replay_bytes,
+        );
         let mut job = Job::new(
             inputs.clone(),
             self.plan.clone(),
@@ -268,7 +289,14 @@ impl ServedPipeline {
 
     /// Attaches a stream to `rank` of `session` from `start_step` (taking the rank over
     /// from an earlier stream), if the session still holds that step.
-    fn attach(session: &Arc<Session>, rank: usize, start_step: u64) -> Option<RankStream> {
+    /// A stream of `rank` from `start_step` on `session`, unless that step is no longer
+    /// held; `steps` is the epoch's length when it is known (file input).
+    fn attach(
+        session: &Arc<Session>,
+        rank: usize,
+        start_step: u64,
+        steps: Option<u64>,
+    ) -> Option<RankStream> {
         let mut slot = lock(&session.ranks[rank]);
         let rx = slot.rx.clone()?;
         let oldest = slot
@@ -296,6 +324,8 @@ impl ServedPipeline {
             receiving: slot.receiving.clone(),
             rx,
             ended: false,
+            steps,
+            next: start_step,
         }))
     }
 }
@@ -323,6 +353,10 @@ struct Reader {
     rx: Receiver<RankBatch>,
     /// Set once the stream has ended (with its last batch or an error).
     ended: bool,
+    /// Steps in the epoch, when known (file input).
+    steps: Option<u64>,
+    /// The next step this stream owes its reader.
+    next: u64,
 }
 
 impl Reader {
@@ -365,7 +399,7 @@ impl Reader {
         metrics::gauge!(crate::metrics::RANK_QUEUE_DEPTH, "rank" => rank).set(self.rx.len() as f64);
         slot.sent_bytes += batch_bytes(rb.data());
         slot.sent.push_back(rb.clone());
-        while slot.sent_bytes > REPLAY_BYTES && slot.sent.len() > 1 {
+        while slot.sent_bytes > self.session.replay_bytes && slot.sent.len() > 1 {
             if let Some(old) = slot.sent.pop_front() {
                 slot.sent_bytes -= batch_bytes(old.data());
             }
@@ -377,10 +411,41 @@ impl Reader {
 impl Iterator for Reader {
     type Item = Result<(BatchMeta, arrow::array::RecordBatch), ServeError>;
 
+    /// The next batch; a stream of a known-length epoch never ends cleanly before its last
+    /// step (it ends with an error saying where to resume instead).
     fn next(&mut self) -> Option<Self::Item> {
         if self.ended {
             return None;
         }
+        let item = self.next_batch();
+        match &item {
+            // Steps come in order from `start_step`; a gap would be rows lost unseen.
+            Some(Ok((meta, _))) if meta.step != self.next && self.start_step != u64::MAX => {
+                self.ended = true;
+                return Some(Err(ServeError::Internal(format!(
+                    "rank {}'s stream skipped from step {} to {}; reconnect with start_step {}",
+                    self.rank, self.next, meta.step, self.next
+                ))));
+            }
+            Some(Ok((meta, _))) => self.next = meta.step + 1,
+            Some(Err(_)) => self.ended = true,
+            None => {
+                self.ended = true;
+                if let Some(steps) = self.steps.filter(|&n| self.next < n && self.start_step < n) {
+                    return Some(Err(ServeError::Internal(format!(
+                        "rank {}'s stream ended at step {} of {steps}; reconnect with \
+                         start_step {}",
+                        self.rank, self.next, self.next
+                    ))));
+                }
+            }
+        }
+        item
+    }
+}
+
+impl Reader {
+    fn next_batch(&mut self) -> Option<<Self as Iterator>::Item> {
         if let Some(rb) = self.replay.pop_front() {
             return Some(Ok((meta(&rb), rb.batch.data)));
         }
@@ -525,16 +590,17 @@ impl Served for ServedPipeline {
 
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError> {
         let rank = rank as usize;
+        let steps = self.inputs.as_ref().map(|_| self.delivery.plan.steps());
         let mut sessions = lock(&self.sessions);
         if let Some(s) = sessions.get(&epoch) {
-            if let Some(stream) = Self::attach(s, rank, start_step) {
+            if let Some(stream) = Self::attach(s, rank, start_step, steps) {
                 return Ok(stream);
             }
             if self.ingest.is_some() {
                 return Err(ServeError::FailedPrecondition(format!(
                     "step {start_step} of rank {rank} is no longer held (pushed input is \
                      delivered once; the last {} MiB per rank are kept for reconnects)",
-                    REPLAY_BYTES >> 20
+                    self.replay_bytes >> 20
                 )));
             }
             // The shared session is past this step. Once it is done, the next reader of
@@ -542,7 +608,7 @@ impl Served for ServedPipeline {
             if !s.done.load(Ordering::SeqCst) {
                 // The other ranks must not wait on this one in the shared session: drain
                 // it there (a later reconnect within its replay can still take it over).
-                if let Some(drain) = Self::attach(s, rank, u64::MAX) {
+                if let Some(drain) = Self::attach(s, rank, u64::MAX, None) {
                     let spawned = std::thread::Builder::new()
                         .name(format!("hydrant-drain-{rank}"))
                         .spawn(move || drain.for_each(drop));
@@ -552,13 +618,13 @@ impl Served for ServedPipeline {
                 }
                 drop(sessions);
                 let private = self.start(epoch, start_step, Some(rank));
-                return Self::attach(&private, rank, start_step)
+                return Self::attach(&private, rank, start_step, steps)
                     .ok_or_else(|| ServeError::Internal("a new session refused its rank".into()));
             }
         }
         let session = self.start(epoch, start_step, None);
         sessions.insert(epoch, session.clone());
-        Self::attach(&session, rank, start_step)
+        Self::attach(&session, rank, start_step, steps)
             .ok_or_else(|| ServeError::Internal("a new session refused its rank".into()))
     }
 

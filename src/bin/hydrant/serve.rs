@@ -32,6 +32,10 @@ pub(crate) struct ServeArgs {
     /// Largest message the server accepts, in bytes.
     #[arg(long, default_value_t = 64 << 20, value_parser = super::int_in(1 << 10, i32::MAX as usize))]
     max_message_bytes: usize,
+    /// MiB of sent batches kept per rank for trainers that reconnect (an older step is
+    /// served by a new run).
+    #[arg(long, default_value_t = 24, value_parser = super::int_in(0usize, 1 << 16))]
+    replay_mib: usize,
     /// Export Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -85,7 +89,8 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             delivery,
             cluster.workers,
         )?
-    };
+    }
+    .with_replay_bytes(args.replay_mib << 20);
     let fit_s = started.elapsed().as_secs_f64();
     let (world_size, epochs, steps, rows) = {
         use hydrant_flight::Served;
