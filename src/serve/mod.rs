@@ -665,3 +665,64 @@ impl Served for ServedPipeline {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::StepMeta;
+    use arrow::array::RecordBatch;
+    use arrow::datatypes::Schema;
+
+    fn step(step: u64) -> RankBatch {
+        RankBatch {
+            meta: StepMeta {
+                epoch: 0,
+                step,
+                rank: 0,
+                world_size: 1,
+                padded_rows: 0,
+                state_version: 0,
+            },
+            batch: hydrant_operators::Batch {
+                seq: step,
+                data: RecordBatch::new_empty(Arc::new(Schema::empty())),
+            },
+        }
+    }
+
+    /// A session of one rank fed `steps`, then ended; its stream from step 0 of an epoch
+    /// of `len` steps.
+    fn stream(steps: &[u64], len: u64) -> RankStream {
+        let (senders, session) = Session::with_queues(0, 0, None, 1, REPLAY_BYTES);
+        let tx = senders.into_iter().flatten().next().unwrap();
+        let stream = ServedPipeline::attach(&session, 0, 0, Some(len)).unwrap();
+        // The queue is bounded: the stream's reads make room.
+        let steps = steps.to_vec();
+        std::thread::spawn(move || steps.into_iter().for_each(|s| tx.send(step(s)).unwrap()));
+        stream
+    }
+
+    #[test]
+    fn a_stream_that_skips_or_ends_short_says_where_to_resume() {
+        let mut s = stream(&[0, 2], 3);
+        assert_eq!(s.next().unwrap().unwrap().0.step, 0);
+        let err = s.next().unwrap().unwrap_err().to_string();
+        assert!(
+            err.contains("skipped from step 1 to 2") && err.contains("start_step 1"),
+            "{err}"
+        );
+        assert!(s.next().is_none());
+
+        let mut s = stream(&[0, 1], 3);
+        assert_eq!(s.by_ref().take(2).filter(|b| b.is_ok()).count(), 2);
+        let err = s.next().unwrap().unwrap_err().to_string();
+        assert!(
+            err.contains("ended at step 2 of 3") && err.contains("start_step 2"),
+            "{err}"
+        );
+        assert!(s.next().is_none());
+
+        let s = stream(&[0, 1, 2], 3);
+        assert_eq!(s.map(|b| b.unwrap().0.step).collect::<Vec<_>>(), [0, 1, 2]);
+    }
+}
