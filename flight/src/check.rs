@@ -140,12 +140,7 @@ pub fn quiet_decoder_panics() {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             if DECODING.get() {
-                let message = info
-                    .payload()
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| info.payload().downcast_ref::<&str>().copied())
-                    .unwrap_or("a panic");
+                let message = hydrant_operators::running::panic_message(info);
                 eprintln!(
                     "hydrant: a pushed stream failed arrow's IPC decoder ({message}); refused"
                 );

@@ -39,6 +39,17 @@ pub fn current() -> Option<&'static str> {
     CURRENT.get()
 }
 
+/// A panic's message, as `panic!` gives it (a `String` or a `&str`), for hooks that say it
+/// in one line.
+pub fn panic_message<'a>(info: &'a std::panic::PanicHookInfo<'_>) -> &'a str {
+    let payload = info.payload();
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic")
+}
+
 fn fail_point() -> Option<&'static str> {
     static POINT: OnceLock<Option<String>> = OnceLock::new();
     POINT

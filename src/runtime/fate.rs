@@ -58,12 +58,7 @@ pub fn install_hook() {
             let Some(role) = name.strip_prefix("timely:") else {
                 return previous(info);
             };
-            let message = info
-                .payload()
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| info.payload().downcast_ref::<&str>().copied())
-                .unwrap_or("a panic");
+            let message = hydrant_operators::running::panic_message(info);
             let peer = role
                 .strip_prefix("send-")
                 .or_else(|| role.strip_prefix("recv-"))
