@@ -21,10 +21,9 @@ use crate::error::{Error, Result, one_line};
 enum Format {
     /// Footer metadata, read once; `reader` is rebuilt by `prepare` with type hints.
     Parquet { reader: ArrowReaderMetadata },
-    /// Row counts of each record batch in the file.
-    Ipc { batch_rows: Vec<u64> },
-    /// An Arrow IPC stream (no footer): row counts of its batches, counted when opened.
-    IpcStream { batch_rows: Vec<u64> },
+    /// An Arrow IPC file, or a stream (no footer): the row counts of its record batches,
+    /// counted when it was opened.
+    Ipc { batch_rows: Vec<u64>, stream: bool },
 }
 
 struct InputFile {
@@ -86,7 +85,7 @@ impl Inputs {
                         seq += rows.div_ceil(batch_rows as u64);
                     }
                 }
-                Format::Ipc { batch_rows } | Format::IpcStream { batch_rows } => {
+                Format::Ipc { batch_rows, .. } => {
                     let rows = batch_rows.iter().sum();
                     units.push(Unit {
                         file: i,
@@ -221,10 +220,10 @@ impl Inputs {
                 }
                 Box::new(b.build().map_err(|e| input_err(&e))?)
             }
-            Format::Ipc { .. } => {
+            Format::Ipc { stream: false, .. } => {
                 Box::new(read_ipc_file(file, projection).map_err(|e| input_err(&e))?)
             }
-            Format::IpcStream { .. } => Box::new(
+            Format::Ipc { stream: true, .. } => Box::new(
                 StreamReader::try_new(std::io::BufReader::new(file), projection)
                     .map_err(|e| input_err(&e))?,
             ),
@@ -475,11 +474,7 @@ fn open_file(path: &Path) -> Result<InputFile> {
         let reader = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
             .map_err(|e| err(format!("not a readable Parquet file: {}", one_line(e))))?;
         let schema = reader.schema().clone();
-        if schema.index_of(ROW_ID).is_ok() {
-            return Err(err(format!(
-                "has a column named `{ROW_ID}`, which hydrant adds itself"
-            )));
-        }
+        no_row_id(path, &schema)?;
         return Ok(InputFile {
             path: path.into(),
             schema,
@@ -487,67 +482,60 @@ fn open_file(path: &Path) -> Result<InputFile> {
         });
     }
     if n == 6 && &magic == b"ARROW1" {
-        let file = File::open(path).map_err(|e| err(one_line(e)))?;
-        let reader = FileReader::try_new(file, None)
-            .map_err(|e| err(format!("not a readable Arrow IPC file: {}", one_line(e))))?;
-        let schema = reader.schema();
-        if schema.index_of(ROW_ID).is_ok() {
-            return Err(err(format!(
-                "has a column named `{ROW_ID}`, which hydrant adds itself"
-            )));
-        }
-        // Row counts are needed up front to number rows; read the smallest column.
-        let file = File::open(path).map_err(|e| err(one_line(e)))?;
-        let projection = if schema.fields().is_empty() {
-            None
-        } else {
-            Some(vec![0])
-        };
-        let counter = FileReader::try_new(file, projection).map_err(|e| err(one_line(e)))?;
-        let batch_rows = counter
-            .map(|b| b.map(|b| b.num_rows() as u64))
-            .filter(|r| r.as_ref().map_or(true, |&r| r > 0))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| err(format!("not a readable Arrow IPC file: {}", one_line(e))))?;
-        return Ok(InputFile {
-            path: path.into(),
-            schema,
-            format: Format::Ipc { batch_rows },
-        });
+        return open_ipc(path, false);
     }
     if n >= 4 && magic[..4] == [0xff; 4] {
-        return open_ipc_stream(path);
+        return open_ipc(path, true);
     }
     Err(err("not a Parquet or Arrow IPC file".into()))
 }
 
-/// An Arrow IPC stream has no footer: its batches are counted (reading one column) when
-/// it is opened, so that its rows can be numbered before the run.
-fn open_ipc_stream(path: &Path) -> Result<InputFile> {
-    let err = |reason: String| Error::Input {
-        path: path.into(),
-        reason,
-    };
-    let open = |projection| {
-        let file = File::open(path).map_err(|e| err(one_line(e)))?;
-        StreamReader::try_new(std::io::BufReader::new(file), projection)
-            .map_err(|e| err(format!("not a readable Arrow IPC stream: {}", one_line(e))))
-    };
-    let schema = open(None)?.schema();
+/// Inputs may not carry the column hydrant adds.
+fn no_row_id(path: &Path, schema: &Schema) -> Result<()> {
     if schema.index_of(ROW_ID).is_ok() {
-        return Err(err(format!(
-            "has a column named `{ROW_ID}`, which hydrant adds itself"
-        )));
+        return Err(Error::Input {
+            path: path.into(),
+            reason: format!("has a column named `{ROW_ID}`, which hydrant adds itself"),
+        });
     }
-    let projection = (!schema.fields().is_empty()).then(|| vec![0]);
-    let batch_rows = open(projection)?
+    Ok(())
+}
+
+/// An Arrow IPC file or stream. Row counts are needed up front to number rows, and a
+/// stream has no footer to give them: both are counted here, reading one column.
+fn open_ipc(path: &Path, stream: bool) -> Result<InputFile> {
+    type Batches =
+        Box<dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>>>;
+    let what = if stream { "stream" } else { "file" };
+    let bad = |e: &dyn std::fmt::Display| Error::Input {
+        path: path.into(),
+        reason: format!("not a readable Arrow IPC {what}: {}", one_line(e)),
+    };
+    let open = |projection: Option<Vec<usize>>| -> Result<(SchemaRef, Batches)> {
+        let file = File::open(path).map_err(|e| Error::Input {
+            path: path.into(),
+            reason: one_line(e),
+        })?;
+        Ok(if stream {
+            let r = StreamReader::try_new(std::io::BufReader::new(file), projection)
+                .map_err(|e| bad(&e))?;
+            (r.schema(), Box::new(r))
+        } else {
+            let r = FileReader::try_new(file, projection).map_err(|e| bad(&e))?;
+            (r.schema(), Box::new(r))
+        })
+    };
+    let (schema, _) = open(None)?;
+    no_row_id(path, &schema)?;
+    let (_, counter) = open((!schema.fields().is_empty()).then(|| vec![0]))?;
+    let batch_rows = counter
         .map(|b| b.map(|b| b.num_rows() as u64))
         .filter(|r| r.as_ref().map_or(true, |&r| r > 0))
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| err(format!("not a readable Arrow IPC stream: {}", one_line(e))))?;
+        .map_err(|e| bad(&e))?;
     Ok(InputFile {
         path: path.into(),
         schema,
-        format: Format::IpcStream { batch_rows },
+        format: Format::Ipc { batch_rows, stream },
     })
 }

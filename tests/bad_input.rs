@@ -4,15 +4,9 @@ mod common;
 
 use common::*;
 
-fn setup() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let input = gen_criteo(dir.path(), 2_000, 1);
-    (dir, input.to_str().unwrap().to_string())
-}
-
 #[test]
 fn bad_files_are_named() {
-    let (dir, input) = setup();
+    let (dir, input) = small_criteo();
     let toml = criteo_toml();
     let toml = toml.to_str().unwrap();
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
@@ -64,7 +58,7 @@ fn bad_files_are_named() {
 
 #[test]
 fn a_schema_that_does_not_match_the_pipeline_is_named() {
-    let (dir, input) = setup();
+    let (dir, input) = small_criteo();
     let toml = dir.path().join("p.toml");
     let text = std::fs::read_to_string(criteo_toml())
         .unwrap()
@@ -129,7 +123,7 @@ fn a_schema_that_does_not_match_the_pipeline_is_named() {
 
 #[test]
 fn bad_pipelines_name_file_group_and_problem() {
-    let (dir, input) = setup();
+    let (dir, input) = small_criteo();
     let toml = dir.path().join("p.toml");
     let base = std::fs::read_to_string(criteo_toml()).unwrap();
     for (from, to, needles) in [
@@ -183,7 +177,7 @@ fn bad_pipelines_name_file_group_and_problem() {
 
 #[test]
 fn bad_state_and_sink_are_named() {
-    let (dir, input) = setup();
+    let (dir, input) = small_criteo();
     let toml = criteo_toml();
     let toml = toml.to_str().unwrap();
     let state = dir.path().join("state.json");

@@ -12,12 +12,6 @@ use arrow::array::RecordBatch;
 use common::*;
 use hydrant::operators::{FittedParam, FittedState, Vocabulary};
 
-fn setup() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let input = gen_criteo(dir.path(), 2_000, 1);
-    (dir, input.to_str().unwrap().to_string())
-}
-
 /// `hydrant_err`, also asserting it took under `limit`.
 fn err_within(limit: Duration, args: &[&str]) -> String {
     let t = Instant::now();
@@ -28,7 +22,7 @@ fn err_within(limit: Duration, args: &[&str]) -> String {
 
 #[test]
 fn arguments_are_checked_before_anything_runs() {
-    let (_dir, input) = setup();
+    let (_dir, input) = small_criteo();
     let toml = criteo_toml();
     let base = ["--pipeline", toml.to_str().unwrap(), "--input", &input];
     for (command, extra, needle) in [
@@ -79,7 +73,7 @@ fn arguments_are_checked_before_anything_runs() {
 
 #[test]
 fn workers_beyond_the_work_are_not_started() {
-    let (_dir, input) = setup();
+    let (_dir, input) = small_criteo();
     let toml = criteo_toml();
     let t = Instant::now();
     let out = hydrant(&[
@@ -109,7 +103,7 @@ fn workers_beyond_the_work_are_not_started() {
 
 #[test]
 fn a_panic_in_any_operator_ends_the_job_with_one_line() {
-    let (_dir, input) = setup();
+    let (_dir, input) = small_criteo();
     let toml = criteo_toml();
     for op in ["fit", "source", "featurize", "place", "own", "sink"] {
         let t = Instant::now();
@@ -161,7 +155,7 @@ fn write_ipc(path: &Path, batches: &[RecordBatch], stream: bool) {
 
 #[test]
 fn inputs_that_are_not_plain_files_or_change_while_read() {
-    let (dir, input) = setup();
+    let (dir, input) = small_criteo();
     let toml = criteo_toml();
     let toml = toml.to_str().unwrap();
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
@@ -258,7 +252,7 @@ fn inputs_that_are_not_plain_files_or_change_while_read() {
 
 #[test]
 fn group_names_that_collide_or_are_unsafe_are_refused_before_reading() {
-    let (dir, input) = setup();
+    let (dir, input) = small_criteo();
     let text = std::fs::read_to_string(criteo_toml()).unwrap();
     assert!(text.contains("name = \"dense\""));
     for name in [
@@ -297,7 +291,7 @@ fn group_names_that_collide_or_are_unsafe_are_refused_before_reading() {
 
 #[test]
 fn a_state_is_checked_against_its_version_and_invariants() {
-    let (dir, input) = setup();
+    let (dir, input) = small_criteo();
     let toml = criteo_toml();
     let toml = toml.to_str().unwrap();
     let state = dir.path().join("state.json");

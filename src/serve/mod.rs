@@ -288,9 +288,8 @@ impl ServedPipeline {
     }
 
     /// Attaches a stream to `rank` of `session` from `start_step` (taking the rank over
-    /// from an earlier stream), if the session still holds that step.
-    /// A stream of `rank` from `start_step` on `session`, unless that step is no longer
-    /// held; `steps` is the epoch's length when it is known (file input).
+    /// from an earlier stream), if the session still holds that step; `steps` is the
+    /// epoch's length when it is known (file input).
     fn attach(
         session: &Arc<Session>,
         rank: usize,
@@ -359,18 +358,6 @@ struct Reader {
     next: u64,
 }
 
-impl Reader {
-    /// Ends this stream because a newer reader took its rank: ABORTED, never a clean end,
-    /// so that the stale reader cannot mistake it for the end of the epoch.
-    fn superseded(&mut self) -> Option<<Self as Iterator>::Item> {
-        self.ended = true;
-        Some(Err(ServeError::Aborted(format!(
-            "superseded by a newer reader for rank {}",
-            self.rank
-        ))))
-    }
-}
-
 fn meta(rb: &RankBatch) -> BatchMeta {
     BatchMeta {
         epoch: rb.meta.epoch,
@@ -405,6 +392,66 @@ impl Reader {
             }
         }
         Some(rb)
+    }
+
+    /// Ends this stream because a newer reader took its rank: ABORTED, never a clean end,
+    /// so that the stale reader cannot mistake it for the end of the epoch.
+    fn superseded(&self) -> Option<<Self as Iterator>::Item> {
+        Some(Err(ServeError::Aborted(format!(
+            "superseded by a newer reader for rank {}",
+            self.rank
+        ))))
+    }
+
+    /// The next batch from the replay, the held-back batches or the queue.
+    fn next_batch(&mut self) -> Option<<Self as Iterator>::Item> {
+        if let Some(rb) = self.replay.pop_front() {
+            return Some(Ok((meta(&rb), rb.batch.data)));
+        }
+        loop {
+            {
+                let mut slot = lock(&self.session.ranks[self.rank]);
+                if slot.generation != self.generation {
+                    return self.superseded();
+                }
+                while let Some(rb) = slot.pending.pop_front() {
+                    if let Some(rb) = self.deliver(&mut slot, rb) {
+                        return Some(Ok((meta(&rb), rb.batch.data)));
+                    }
+                }
+            }
+            let receiving = lock(&self.receiving);
+            let waited = Instant::now();
+            let got = self.rx.recv_timeout(POLL);
+            metrics::gauge!(crate::metrics::RANK_STALL_SECONDS, "rank" => self.rank.to_string())
+                .increment(waited.elapsed().as_secs_f64());
+            let mut slot = lock(&self.session.ranks[self.rank]);
+            drop(receiving);
+            match got {
+                Ok(rb) if slot.generation != self.generation => {
+                    slot.pending.push_back(rb);
+                    return self.superseded();
+                }
+                Ok(rb) => {
+                    // A replaced stream may have left earlier batches: they go first.
+                    slot.pending.push_back(rb);
+                    while let Some(rb) = slot.pending.pop_front() {
+                        if let Some(rb) = self.deliver(&mut slot, rb) {
+                            return Some(Ok((meta(&rb), rb.batch.data)));
+                        }
+                    }
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    // The dataflow ended: all sent, or failed.
+                    return self
+                        .session
+                        .errors
+                        .get()
+                        .map(|e| Err(ServeError::Internal(format!("pipeline failed: {e}"))));
+                }
+            }
+        }
     }
 }
 
@@ -441,60 +488,6 @@ impl Iterator for Reader {
             }
         }
         item
-    }
-}
-
-impl Reader {
-    fn next_batch(&mut self) -> Option<<Self as Iterator>::Item> {
-        if let Some(rb) = self.replay.pop_front() {
-            return Some(Ok((meta(&rb), rb.batch.data)));
-        }
-        loop {
-            {
-                let mut slot = lock(&self.session.ranks[self.rank]);
-                if slot.generation != self.generation {
-                    drop(slot);
-                    return self.superseded();
-                }
-                while let Some(rb) = slot.pending.pop_front() {
-                    if let Some(rb) = self.deliver(&mut slot, rb) {
-                        return Some(Ok((meta(&rb), rb.batch.data)));
-                    }
-                }
-            }
-            let receiving = lock(&self.receiving);
-            let waited = Instant::now();
-            let got = self.rx.recv_timeout(POLL);
-            metrics::gauge!(crate::metrics::RANK_STALL_SECONDS, "rank" => self.rank.to_string())
-                .increment(waited.elapsed().as_secs_f64());
-            let mut slot = lock(&self.session.ranks[self.rank]);
-            drop(receiving);
-            match got {
-                Ok(rb) if slot.generation != self.generation => {
-                    slot.pending.push_back(rb);
-                    drop(slot);
-                    return self.superseded();
-                }
-                Ok(rb) => {
-                    // A replaced stream may have left earlier batches: they go first.
-                    slot.pending.push_back(rb);
-                    while let Some(rb) = slot.pending.pop_front() {
-                        if let Some(rb) = self.deliver(&mut slot, rb) {
-                            return Some(Ok((meta(&rb), rb.batch.data)));
-                        }
-                    }
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    // The dataflow ended: all sent, or failed.
-                    return self
-                        .session
-                        .errors
-                        .get()
-                        .map(|e| Err(ServeError::Internal(format!("pipeline failed: {e}"))));
-                }
-            }
-        }
     }
 }
 

@@ -64,6 +64,13 @@ pub fn gen_criteo(dir: &Path, rows: u64, seed: u64) -> PathBuf {
     path
 }
 
+/// A temporary folder holding a 2,000-row Criteo-like file, and that file's path.
+pub fn small_criteo() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = gen_criteo(dir.path(), 2_000, 1);
+    (dir, input.to_str().unwrap().to_string())
+}
+
 /// A folder `dir/in` of Criteo-like files (one unit each) of `rows[i]` rows with seed
 /// `first_seed + i`, and a state fitted on it at `dir/state.json`.
 pub fn folder_with_state(dir: &Path, rows: &[u64], first_seed: u64) -> (PathBuf, PathBuf) {
