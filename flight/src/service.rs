@@ -38,6 +38,11 @@ pub struct BatchMeta {
     pub padded_rows: u64,
     /// Version of the fitted state that featurized it.
     pub state_version: u64,
+    /// Set on the epoch's last message: a clean end without it is a cut, not completion.
+    /// When the last step is not known in advance (pushed input) the stream ends with a
+    /// message that carries only this metadata (`rows` 0).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last: bool,
 }
 
 /// Why a stream cannot be served; each maps to its gRPC status.
@@ -114,8 +119,10 @@ pub trait Served: Send + Sync + 'static {
     }
 }
 
-/// Batches are cut into messages of at most about this size.
-pub const MESSAGE_TARGET_BYTES: usize = 1 << 20;
+/// A step larger than this is cut into messages of about this size; smaller steps go as one
+/// message. It stays under the 4 MiB that gRPC clients accept by default (tonic, grpc-java,
+/// grpc-go), with room for the IPC header and the metadata.
+pub const MESSAGE_TARGET_BYTES: usize = (4 << 20) - (256 << 10);
 
 /// The Flight service.
 pub struct FlightServer {
@@ -272,8 +279,14 @@ impl<T> Stream for Rx<T> {
 }
 
 /// Encodes a rank's stream on a thread of its own (the stream blocks), two messages ahead
-/// of the network. It stops as soon as the client goes away.
-fn encode(schema: SchemaRef, batches: RankStream) -> Rx<Result<FlightData, Status>> {
+/// of the network. It stops as soon as the client goes away. A clean end whose last batch
+/// did not say `last` gets a metadata-only message that does (`end`, moved past the last
+/// step sent).
+fn encode(
+    schema: SchemaRef,
+    batches: RankStream,
+    mut end: BatchMeta,
+) -> Rx<Result<FlightData, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(2);
     let spawned = std::thread::Builder::new()
         .name("hydrant-doget".into())
@@ -294,6 +307,14 @@ fn encode(schema: SchemaRef, batches: RankStream) -> Rx<Result<FlightData, Statu
                         return;
                     }
                 };
+                end = BatchMeta {
+                    step: meta.step + 1,
+                    state_version: meta.state_version,
+                    ..end
+                };
+                if meta.last {
+                    end.last = false;
+                }
                 let metadata = Bytes::from(serde_json::to_vec(&meta).unwrap_or_default());
                 for piece in split(&batch) {
                     let data = match generator.encode(&piece, &mut tracker, &options, &mut context)
@@ -308,6 +329,10 @@ fn encode(schema: SchemaRef, batches: RankStream) -> Rx<Result<FlightData, Statu
                         return;
                     }
                 }
+            }
+            if end.last {
+                let metadata = Bytes::from(serde_json::to_vec(&end).unwrap_or_default());
+                let _ = tx.blocking_send(Ok(FlightData::new().with_app_metadata(metadata)));
             }
         });
     if let Err(e) = spawned {
@@ -423,7 +448,16 @@ impl FlightService for FlightServer {
         self.check(&request)?;
         let (p, t) = self.admit(&request.get_ref().ticket)?;
         let batches = p.open(t.rank, t.epoch, t.start_step)?;
-        Ok(Response::new(Box::pin(encode(p.schema(), batches))))
+        let end = BatchMeta {
+            epoch: t.epoch,
+            step: t.start_step,
+            rank: t.rank,
+            rows: 0,
+            padded_rows: 0,
+            state_version: 0,
+            last: true,
+        };
+        Ok(Response::new(Box::pin(encode(p.schema(), batches, end))))
     }
 
     async fn do_put(

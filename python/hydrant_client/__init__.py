@@ -5,11 +5,16 @@
     >>> for batch in client.batches("criteo", rank=0, world_size=2):  # doctest: +SKIP
     ...     loss = model(batch.dense, batch.ids)[~batch.mask]
 
+One ``Batch`` per step, exactly ``B`` rows, read two steps ahead on a background thread.
 ``batch.dense`` is a ``[B, D]`` float32 and ``batch.ids`` a ``[B, K]`` int64 NumPy array,
-both views of the Arrow buffers received (no copy); ``batch.mask`` is True for padding
-rows, which a trainer leaves out of its loss.
+writable views of the Arrow buffers received (no copy); ``batch.mask`` is True for
+padding rows, which a trainer leaves out of its loss. With PyTorch, ``TorchDataset``
+yields dicts of tensors over many epochs (``set_epoch``), on a CUDA device if asked.
 """
 
-from .client import Batch, Client, HydrantError, TorchDataset
+from .batch import Batch, HydrantError
+from .client import Client
+from .reader import RankReader
+from .torch_data import CudaStaging, TorchDataset
 
-__all__ = ["Batch", "Client", "HydrantError", "TorchDataset"]
+__all__ = ["Batch", "Client", "CudaStaging", "HydrantError", "RankReader", "TorchDataset"]

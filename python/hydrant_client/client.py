@@ -1,94 +1,15 @@
-"""The Flight client: tickets, per-batch metadata, zero-copy NumPy views."""
+"""The Flight client: tickets, pushes, status and each rank's stream of steps."""
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
-from typing import Iterator, Optional, Tuple, Union
+from typing import Tuple, Union
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-
-class HydrantError(Exception):
-    """A request the server refused, with its reason."""
-
-
-@dataclass
-class Batch:
-    """One rank's batch of one step."""
-
-    dense: Optional[np.ndarray]
-    ids: Optional[np.ndarray]
-    label: Optional[np.ndarray]
-    row_id: np.ndarray
-    mask: np.ndarray
-    epoch: int
-    step: int
-    rank: int
-    rows: int
-    padded_rows: int
-    state_version: int
-    record_batch: pa.RecordBatch
-
-    def to_torch(self, device=None):
-        """The arrays as torch tensors (shared memory on the CPU), moved to ``device``."""
-        import torch
-
-        def t(a):
-            if a is None:
-                return None
-            x = torch.from_numpy(a)
-            return x.to(device, non_blocking=True) if device is not None else x
-
-        return {
-            "dense": t(self.dense),
-            "ids": t(self.ids),
-            "label": t(self.label),
-            "mask": t(self.mask),
-            "row_id": t(self.row_id.astype(np.int64)),
-        }
-
-
-def _matrix(column: pa.Array) -> np.ndarray:
-    """A FixedSizeList column as a [rows, width] array viewing its child buffer."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    width = column.type.list_size
-    values = column.values  # respects the list's offset and length
-    flat = values.to_numpy(zero_copy_only=True)
-    return flat.reshape(len(column), width)
-
-
-def _batch(chunk: flight.FlightStreamChunk) -> Batch:
-    rb = chunk.data
-    meta = json.loads(chunk.app_metadata.to_pybytes()) if chunk.app_metadata else {}
-    names = rb.schema.names
-    dense = ids = None
-    for name, field in zip(names, rb.schema):
-        if pa.types.is_fixed_size_list(field.type):
-            if pa.types.is_float32(field.type.value_type) and dense is None:
-                dense = _matrix(rb.column(name))
-            elif pa.types.is_int64(field.type.value_type) and ids is None:
-                ids = _matrix(rb.column(name))
-    label = rb.column("label").to_numpy(zero_copy_only=False) if "label" in names else None
-    mask = rb.column("is_padding").to_numpy(zero_copy_only=False)
-    return Batch(
-        dense=dense,
-        ids=ids,
-        label=label,
-        row_id=rb.column("row_id").to_numpy(),
-        mask=mask,
-        epoch=meta.get("epoch", 0),
-        step=meta.get("step", 0),
-        rank=meta.get("rank", 0),
-        rows=meta.get("rows", rb.num_rows),
-        padded_rows=meta.get("padded_rows", 0),
-        state_version=meta.get("state_version", 0),
-        record_batch=rb,
-    )
+from .batch import HydrantError
+from .reader import RankReader
 
 
 class Client:
@@ -143,6 +64,22 @@ class Client:
         except flight.FlightError as e:
             raise HydrantError(str(e)) from e
 
+    def ticket(
+        self, pipeline: str, rank: int, world_size: int, epoch: int = 0, start_step: int = 0
+    ) -> flight.Ticket:
+        """The ticket of ``rank``'s stream of ``epoch`` from ``start_step``."""
+        return flight.Ticket(
+            json.dumps(
+                {
+                    "pipeline": pipeline,
+                    "epoch": epoch,
+                    "rank": rank,
+                    "world_size": world_size,
+                    "start_step": start_step,
+                }
+            ).encode()
+        )
+
     def batches(
         self,
         pipeline: str,
@@ -150,34 +87,28 @@ class Client:
         world_size: int,
         epoch: int = 0,
         start_step: int = 0,
-    ) -> Iterator[Batch]:
-        """Rank ``rank``'s batches of ``epoch`` from ``start_step``, in step order.
+        read_ahead: int = 2,
+        prepare=None,
+        receive=None,
+    ) -> RankReader:
+        """Rank ``rank``'s steps of ``epoch`` from ``start_step``, one ``Batch`` of exactly
+        ``B`` rows per step, read ``read_ahead`` steps ahead on a background thread.
 
         To resume after a crash, pass ``start_step`` = the last step you finished + 1.
+        The iterator ends at the epoch's last step; a stream cut before it (a server that
+        went away, a newer reader of the same rank) raises ``HydrantError`` saying where
+        to resume. ``prepare`` and ``receive`` are hooks for staging (see ``RankReader``).
         """
-        ticket = json.dumps(
-            {
-                "pipeline": pipeline,
-                "epoch": epoch,
-                "rank": rank,
-                "world_size": world_size,
-                "start_step": start_step,
-            }
-        ).encode()
-        try:
-            reader = self._client.do_get(flight.Ticket(ticket), self._options)
-            while True:
-                try:
-                    chunk = reader.read_chunk()
-                except StopIteration:
-                    return
-                if chunk.data is None:
-                    continue
-                yield _batch(chunk)
-        except flight.FlightError as e:
-            raise HydrantError(str(e)) from e
-        except pa.ArrowException as e:
-            raise HydrantError(str(e)) from e
+        ticket = self.ticket(pipeline, rank, world_size, epoch, start_step)
+        client, options = self._client, self._options
+        return RankReader(
+            lambda: client.do_get(ticket, options),
+            rank,
+            start_step,
+            read_ahead=read_ahead,
+            prepare=prepare,
+            receive=receive,
+        )
 
 
 def _push(client, options, pipeline, data):
@@ -198,33 +129,3 @@ def _push(client, options, pipeline, data):
     except (flight.FlightError, pa.ArrowException) as e:
         raise HydrantError(str(e)) from e
     return acks
-
-
-def _torch_dataset_base():
-    try:
-        import torch.utils.data
-
-        return torch.utils.data.IterableDataset
-    except ImportError:  # torch is optional
-        return object
-
-
-class TorchDataset(_torch_dataset_base()):
-    """An ``IterableDataset`` of one rank's batches, the rank and world size taken from
-    the ``RANK`` and ``WORLD_SIZE`` environment variables that torchrun sets.
-
-    Use with ``DataLoader(dataset, batch_size=None)``: each item is already a batch.
-    """
-
-    def __init__(self, uri: str, pipeline: str, epoch: int = 0, start_step: int = 0,
-                 token=None, device=None):
-        self.uri, self.pipeline, self.epoch = uri, pipeline, epoch
-        self.start_step, self.token, self.device = start_step, token, device
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-
-    def __iter__(self):
-        client = Client(self.uri, self.token)
-        for b in client.batches(self.pipeline, self.rank, self.world_size,
-                                self.epoch, self.start_step):
-            yield b.to_torch(self.device)

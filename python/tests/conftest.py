@@ -67,3 +67,13 @@ def serve(data):
     yield start
     for s in servers:
         s.stop()
+
+
+def need_torch():
+    """torch, or a skip where it is not installed; `.ci/run` installs it and sets
+    HYDRANT_REQUIRE_TORCH=1, so there a missing torch fails instead of skipping."""
+    if os.environ.get("HYDRANT_REQUIRE_TORCH") == "1":
+        import torch
+
+        return torch
+    return pytest.importorskip("torch")

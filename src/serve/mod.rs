@@ -366,6 +366,7 @@ fn meta(rb: &RankBatch) -> BatchMeta {
         rows: rb.data().num_rows() as u64,
         padded_rows: rb.meta.padded_rows as u64,
         state_version: rb.meta.state_version,
+        last: false,
     }
 }
 
@@ -464,8 +465,8 @@ impl Iterator for Reader {
         if self.ended {
             return None;
         }
-        let item = self.next_batch();
-        match &item {
+        let mut item = self.next_batch();
+        match &mut item {
             // Steps come in order from `start_step`; a gap would be rows lost unseen.
             Some(Ok((meta, _))) if meta.step != self.next && self.start_step != u64::MAX => {
                 self.ended = true;
@@ -474,7 +475,10 @@ impl Iterator for Reader {
                     self.rank, self.next, meta.step, self.next
                 ))));
             }
-            Some(Ok((meta, _))) => self.next = meta.step + 1,
+            Some(Ok((meta, _))) => {
+                self.next = meta.step + 1;
+                meta.last = self.steps == Some(self.next);
+            }
             Some(Err(_)) => self.ended = true,
             None => {
                 self.ended = true;

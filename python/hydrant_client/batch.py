@@ -1,0 +1,191 @@
+"""One rank's batch of one step, decoded from Flight messages into NumPy views."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+
+
+class HydrantError(Exception):
+    """A request the server refused, or a stream that broke its contract, with the reason."""
+
+
+@dataclass
+class Batch:
+    """One rank's batch of one step: exactly ``B`` rows, the padding rows last.
+
+    ``dense``, ``ids``, ``label`` and ``row_id`` are writable NumPy views of the received
+    Arrow buffers (no copy); the batch owns that memory, so writing to it changes nothing
+    else. ``mask`` is True for padding rows, which a trainer leaves out of its loss.
+    """
+
+    dense: Optional[np.ndarray]
+    ids: Optional[np.ndarray]
+    label: Optional[np.ndarray]
+    row_id: np.ndarray
+    mask: np.ndarray
+    epoch: int
+    step: int
+    rank: int
+    rows: int
+    padded_rows: int
+    state_version: int
+    last: bool
+    record_batch: pa.RecordBatch
+
+    def arrays(self) -> dict:
+        """The arrays under the keys a trainer uses: ``dense``, ``ids``, ``label``,
+        ``mask`` and ``row_id`` (int64, a view)."""
+        return {
+            "dense": self.dense,
+            "ids": self.ids,
+            "label": self.label,
+            "mask": self.mask,
+            "row_id": self.row_id.view(np.int64),
+        }
+
+    def to_torch(self, device=None) -> dict:
+        """The arrays as torch tensors sharing this batch's memory, then moved to
+        ``device`` if one is given (for overlapped copies to a GPU use
+        ``TorchDataset`` or ``Client.batches(..., device=...)``, which stage them)."""
+        import torch
+
+        out = {}
+        for key, a in self.arrays().items():
+            if a is None:
+                out[key] = None
+                continue
+            t = torch.from_numpy(a)
+            out[key] = t.to(device) if device is not None else t
+        return out
+
+
+class _Writable:
+    """Lends NumPy a writable view of an Arrow buffer and keeps the buffer alive.
+
+    Arrow hands received buffers to NumPy read-only, and torch warns (and may copy) on
+    read-only arrays; the memory is this batch's alone, so a writable view is safe.
+    """
+
+    __slots__ = ("buffer", "__array_interface__")
+
+    def __init__(self, buffer: pa.Buffer, dtype: np.dtype, shape: tuple, byte_offset: int):
+        self.buffer = buffer
+        self.__array_interface__ = {
+            "data": (buffer.address + byte_offset, False),
+            "shape": shape,
+            "typestr": dtype.str,
+            "version": 3,
+        }
+
+
+def _view(array: pa.Array, shape: tuple) -> np.ndarray:
+    """A writable NumPy view of a primitive array without nulls, reshaped to ``shape``."""
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    if array.null_count or len(array) == 0:
+        return array.to_numpy(zero_copy_only=False).astype(dtype, copy=True).reshape(shape)
+    data = array.buffers()[1]
+    return np.asarray(_Writable(data, dtype, shape, array.offset * dtype.itemsize))
+
+
+def _matrix(column: pa.Array) -> np.ndarray:
+    """A FixedSizeList column as a ``[rows, width]`` view of its values."""
+    width = column.type.list_size
+    return _view(column.flatten(), (len(column), width))
+
+
+def decode(rb: pa.RecordBatch, meta: dict) -> Batch:
+    """A batch from one step's rows and its metadata."""
+    dense = ids = None
+    for field in rb.schema:
+        if pa.types.is_fixed_size_list(field.type):
+            column = rb.column(field.name)
+            if pa.types.is_float32(field.type.value_type) and dense is None:
+                dense = _matrix(column)
+            elif pa.types.is_int64(field.type.value_type) and ids is None:
+                ids = _matrix(column)
+    names = rb.schema.names
+    n = rb.num_rows
+    label = _view(rb.column("label"), (n,)) if "label" in names else None
+    return Batch(
+        dense=dense,
+        ids=ids,
+        label=label,
+        row_id=_view(rb.column("row_id"), (n,)),
+        mask=rb.column("is_padding").to_numpy(zero_copy_only=False),
+        epoch=meta.get("epoch", 0),
+        step=meta.get("step", 0),
+        rank=meta.get("rank", 0),
+        rows=meta.get("rows", n),
+        padded_rows=meta.get("padded_rows", 0),
+        state_version=meta.get("state_version", 0),
+        last=bool(meta.get("last", False)),
+        record_batch=rb,
+    )
+
+
+def _concat(parts: list) -> pa.RecordBatch:
+    """One record batch of a step sent as several messages (one copy)."""
+    combined = pa.Table.from_batches(parts).combine_chunks().to_batches()
+    return combined[0]
+
+
+def steps(chunks: Iterable, rank: int, start_step: int) -> Iterator[Batch]:
+    """One ``Batch`` per step from a rank's Flight chunks (``(RecordBatch or None,
+    metadata bytes or None)`` pairs), reassembling steps sent as several messages.
+
+    Raises ``HydrantError`` on a stream that breaks the contract: a step cut short, steps
+    out of order, or an end without the epoch's ``last`` message (a cut, not completion).
+    """
+    parts, meta, have = [], None, 0
+    expected = start_step
+    for data, raw in chunks:
+        m = json.loads(bytes(raw)) if raw else {}
+        if data is None:
+            if m.get("last") and not parts and m.get("step", expected) == expected:
+                return  # the end of an epoch whose last step was not known in advance
+            if m.get("last"):
+                raise HydrantError(
+                    f"rank {rank}: the epoch ended at step {m.get('step')} but step "
+                    f"{expected} was next; resume with start_step {expected}"
+                )
+            continue
+        if parts and m.get("step") != meta.get("step"):
+            raise HydrantError(
+                f"rank {rank}: step {meta.get('step')} ended after {have} of "
+                f"{meta.get('rows')} rows; resume with start_step {meta.get('step')}"
+            )
+        if not parts:
+            meta = m
+            if m.get("step") != expected:
+                raise HydrantError(
+                    f"rank {rank}: expected step {expected}, the server sent {m.get('step')}; "
+                    f"resume with start_step {expected}"
+                )
+        parts.append(data)
+        have += data.num_rows
+        want = meta.get("rows", have)
+        if have > want:
+            raise HydrantError(f"rank {rank}: step {expected} has {have} rows, not {want}")
+        if have < want:
+            continue
+        rb = parts[0] if len(parts) == 1 else _concat(parts)
+        batch = decode(rb, meta)
+        parts, have = [], 0
+        expected += 1
+        yield batch
+        if batch.last:
+            return
+    if parts:
+        raise HydrantError(
+            f"rank {rank}: the stream ended inside step {expected}; resume with start_step "
+            f"{expected}"
+        )
+    raise HydrantError(
+        f"rank {rank}: the stream ended after step {expected - 1} without the epoch's last "
+        f"message (a cut, not the end of the epoch); resume with start_step {expected}"
+    )

@@ -1,0 +1,151 @@
+"""A rank's stream read ahead on a thread of its own, so that the network read and the
+decoding overlap the training step."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from .batch import HydrantError, steps
+
+_END = object()
+
+
+class _Failed:
+    """An error raised on the reader thread, re-raised on the consumer's."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _Pump:
+    """The reader thread's side: reads, decodes and queues. It holds no reference to the
+    ``RankReader``, so dropping an abandoned reader stops its thread."""
+
+    def __init__(self, open_stream, rank, start_step, read_ahead, prepare):
+        self.queue: queue.Queue = queue.Queue(maxsize=read_ahead)
+        self.stop = threading.Event()
+        self.stream = None
+        self.open, self.rank, self.start, self.prepare = open_stream, rank, start_step, prepare
+
+    def run(self) -> None:
+        try:
+            self.stream = self.open()
+            if self.stop.is_set():
+                self.cancel()
+                return
+            for batch in steps(_chunks(self.stream), self.rank, self.start):
+                item = self.prepare(batch) if self.prepare else batch
+                if not self.put(item):
+                    return
+            self.put(_END)
+        except (flight.FlightError, pa.ArrowException) as e:
+            if not self.stop.is_set():
+                self.put(_Failed(HydrantError(str(e))))
+        except BaseException as e:  # handed to the consumer, never lost on this thread
+            if not self.stop.is_set():
+                self.put(_Failed(e))
+
+    def put(self, item) -> bool:
+        """Waits for room (backpressure); False once the consumer has closed the reader."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def cancel(self) -> None:
+        self.stop.set()
+        stream = self.stream
+        if stream is not None:
+            try:
+                stream.cancel()
+            except Exception:  # already finished or failed: nothing to cancel
+                pass
+
+
+class RankReader:
+    """An iterator over one rank's steps (one ``Batch``, or what ``prepare`` made of it,
+    per step), read and decoded up to ``read_ahead`` steps ahead on a background thread.
+
+    ``stall_seconds`` is the time the consumer has waited in ``next()`` for data, as the
+    Rust loaders report it. ``close()`` (or leaving a ``with`` block, or dropping the
+    reader) cancels the stream. ``prepare`` runs on the reader thread (staging copies),
+    ``receive`` on the consumer's thread as it takes each item (making the consumer's
+    CUDA stream wait for those copies).
+    """
+
+    def __init__(
+        self,
+        open_stream: Callable[[], Any],
+        rank: int,
+        start_step: int,
+        read_ahead: int = 2,
+        prepare: Optional[Callable[[Any], Any]] = None,
+        receive: Optional[Callable[[Any], Any]] = None,
+    ):
+        if read_ahead < 1:
+            raise ValueError(f"read_ahead must be at least 1, not {read_ahead}")
+        self.rank = rank
+        self.stall_seconds = 0.0
+        self.steps_read = 0
+        self._receive = receive
+        self._done = False
+        self._pump = _Pump(open_stream, rank, start_step, read_ahead, prepare)
+        self._thread = threading.Thread(
+            target=self._pump.run, name=f"hydrant-rank-{rank}", daemon=True
+        )
+        self._thread.start()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        waited = time.perf_counter()
+        item = self._pump.queue.get()
+        self.stall_seconds += time.perf_counter() - waited
+        if item is _END:
+            self._done = True
+            self._thread.join()
+            raise StopIteration
+        if isinstance(item, _Failed):
+            self._done = True
+            raise item.error
+        self.steps_read += 1
+        return self._receive(item) if self._receive else item
+
+    def close(self) -> None:
+        """Cancels the stream and stops the reader thread."""
+        self._done = True
+        self._pump.cancel()
+        self._thread.join(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        pump = getattr(self, "_pump", None)
+        if pump is not None:
+            pump.cancel()
+
+
+def _chunks(reader):
+    """(record batch or None, app_metadata) for each message of a Flight stream."""
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return
+        yield chunk.data, chunk.app_metadata

@@ -1,0 +1,163 @@
+"""PyTorch: a rank's steps as an ``IterableDataset`` over many epochs, staged into CUDA
+memory on a stream of their own so that the copy of step n+1 overlaps the work on n."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from .batch import Batch, HydrantError
+from .client import Client
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # torch is an optional dependency
+        raise HydrantError("TorchDataset needs torch: pip install 'hydrant-client[torch]'") from e
+    return torch
+
+
+def _tensors(batch: Batch) -> dict:
+    out = batch.to_torch()
+    out["epoch"], out["step"] = batch.epoch, batch.step
+    return out
+
+
+class CudaStaging:
+    """Copies each step to ``device`` the way DALI and TorchRec do: on the reader thread,
+    into pinned host memory, then host→device on a dedicated CUDA stream with an event
+    recorded after the copy; the consumer's stream waits on that event when it takes the
+    step, so nothing blocks the host and the copy overlaps the previous step's work.
+
+    Pinned blocks come from torch's caching host allocator, which keeps a block until the
+    copy that reads it has finished; device tensors are recorded on the consumer's stream
+    so that their memory is not reused while the consumer still reads them.
+    """
+
+    def __init__(self, device):
+        torch = _torch()
+        self.torch = torch
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise HydrantError(f"CudaStaging needs a CUDA device, not {self.device}")
+        self.stream = torch.cuda.Stream(device=self.device)
+
+    def prepare(self, batch: Batch):
+        """On the reader thread: pin, copy asynchronously, record the copy's event."""
+        torch = self.torch
+        out = {"epoch": batch.epoch, "step": batch.step}
+        with torch.cuda.stream(self.stream):
+            for key, array in batch.arrays().items():
+                if array is None:
+                    out[key] = None
+                    continue
+                pinned = torch.empty(
+                    array.shape, dtype=_dtype(torch, array.dtype), pin_memory=True
+                )
+                pinned.numpy()[...] = array
+                out[key] = pinned.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return out, done
+
+    def receive(self, item) -> dict:
+        """On the consumer's thread: its current stream waits for the copy."""
+        out, done = item
+        current = self.torch.cuda.current_stream(self.device)
+        current.wait_event(done)
+        for value in out.values():
+            if isinstance(value, self.torch.Tensor):
+                value.record_stream(current)
+        return out
+
+
+def _dtype(torch, dtype):
+    """The torch dtype of a NumPy dtype that a batch's arrays use."""
+    names = {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}
+    if dtype.name not in names:
+        raise HydrantError(f"cannot stage a {dtype} array on a CUDA device")
+    return names[dtype.name]
+
+
+def _dataset_base():
+    try:
+        import torch.utils.data
+
+        return torch.utils.data.IterableDataset
+    except ImportError:  # torch is optional
+        return object
+
+
+class TorchDataset(_dataset_base()):
+    """One rank's steps as an ``IterableDataset``: each item is a dict of tensors
+    (``dense``, ``ids``, ``label``, ``mask``, ``row_id``; plus ``epoch`` and ``step``),
+    one per step, exactly ``B`` rows each. Use ``DataLoader(dataset, batch_size=None)``
+    with the default ``num_workers=0``: hydrant reads ahead on its own thread, and a
+    second DataLoader worker would be a second reader of the same rank.
+
+    Rank and world size default to torchrun's ``RANK`` and ``WORLD_SIZE``. Call
+    ``set_epoch(e)`` before each epoch (as with ``DistributedSampler``). To resume from a
+    checkpoint taken after step ``S`` of epoch ``E``, pass ``start_epoch=E,
+    start_step=S + 1``: that epoch starts there, later ones from step 0. With a CUDA
+    ``device`` the tensors arrive on it through ``CudaStaging``.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        pipeline: str,
+        start_epoch: int = 0,
+        start_step: int = 0,
+        token=None,
+        device=None,
+        read_ahead: int = 2,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+    ):
+        self.uri, self.pipeline, self.token = uri, pipeline, token
+        self.epoch, self.start_epoch, self.start_step = start_epoch, start_epoch, start_step
+        self.device, self.read_ahead = device, read_ahead
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self.world_size = (
+            int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+        )
+        self.stall_seconds = 0.0
+        self._reader = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        torch = _torch()
+        if torch.utils.data.get_worker_info() is not None:
+            raise HydrantError(
+                "TorchDataset must be read with DataLoader(num_workers=0): it reads ahead "
+                "on a thread of its own, and each DataLoader worker would be another "
+                f"reader of rank {self.rank}, which replaces the one before"
+            )
+        start = self.start_step if self.epoch == self.start_epoch else 0
+        staging = None
+        if self.device is not None and torch.device(self.device).type == "cuda":
+            staging = CudaStaging(self.device)
+        client = Client(self.uri, self.token)
+        reader = client.batches(
+            self.pipeline,
+            self.rank,
+            self.world_size,
+            self.epoch,
+            start,
+            read_ahead=self.read_ahead,
+            prepare=staging.prepare if staging else _tensors,
+            receive=staging.receive if staging else None,
+        )
+        self._reader = reader
+        stalled = self.stall_seconds
+        try:
+            for item in reader:
+                self.stall_seconds = stalled + reader.stall_seconds
+                yield item
+        finally:
+            self.stall_seconds = stalled + reader.stall_seconds
+            reader.close()
