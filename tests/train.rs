@@ -80,3 +80,38 @@ fn ranks_stop_together_whatever_their_speed() {
         assert_eq!(report.rows, 9_001);
     }
 }
+
+/// `hydrant demo` (the README's main command) on a small input: both timings, the share
+/// of time waited and the falling loss are on screen, and the hand-off's files are gone.
+#[test]
+fn the_demo_compares_the_file_hand_off_with_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .args(["demo", "--rows", "30000", "--step-ms", "2", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let number = |after: &str| -> f64 {
+        let at = stderr
+            .find(after)
+            .unwrap_or_else(|| panic!("no {after:?} in {stderr}"));
+        let rest = stderr[at + after.len()..].trim_start();
+        rest.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number after {after:?} in {stderr}"))
+    };
+    let (handoff, overlapped) = (number("(file hand-off):"), number("overlapped (hydrant):"));
+    assert!(handoff > 0.0 && overlapped > 0.0, "{stderr}");
+    assert!(number("waited for data") <= 100.0, "{stderr}");
+    assert!(
+        stderr.contains("2 ms of simulated model per step"),
+        "{stderr}"
+    );
+    let (first, last) = (number("logloss"), number("->"));
+    assert!(last < first, "the loss did not fall: {stderr}");
+    assert!(!dir.path().join("featurized").exists());
+    assert!(dir.path().join("criteo-30000.parquet").exists());
+}
