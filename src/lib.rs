@@ -62,6 +62,7 @@ mod error;
 pub mod loader;
 pub mod metrics;
 mod pipeline;
+pub mod remote;
 pub mod runtime;
 pub mod serve;
 pub mod sink;
@@ -76,5 +77,6 @@ pub use pipeline::{
     DEFAULT_MAX_BATCH_BYTES, Pipeline, PipelineBuilder, RunOptions, Running, read_state, start,
     useful_workers,
 };
+pub use remote::{Remote, RemoteRank};
 pub use runtime::Cluster;
 pub use spec::{DEFAULT_BATCH_ROWS, InputKind, PipelineSpec};

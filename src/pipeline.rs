@@ -322,6 +322,12 @@ impl Pipeline {
         })
     }
 
+    /// A pipeline served by `hydrant serve` at `uri`, read rank by rank over Arrow Flight
+    /// through the same loader actors as a pipeline run here (see [`crate::remote`]).
+    pub fn connect(uri: &str, pipeline: &str) -> Result<crate::Remote> {
+        crate::Remote::connect(uri, pipeline)
+    }
+
     /// A pipeline from a pipeline file over `inputs`, with the fitted state in `state`
     /// (read, checked and bound before any data is read), or fitted when it starts.
     pub fn from_files(

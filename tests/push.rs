@@ -2,8 +2,6 @@
 //! status or with an acknowledgement for its batch — never OK without one, never a panic —
 //! and the server keeps taking good batches.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use arrow::array::{Float64Array, RecordBatch, StringArray};
@@ -12,6 +10,9 @@ use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, FlightDescriptor, Ticket};
 use futures::{StreamExt, TryStreamExt};
+
+mod common;
+use common::{Server, serve};
 
 /// A pipeline of pushed rows with no fitted step, so that its state is empty.
 const PIPELINE: &str = r#"
@@ -28,15 +29,6 @@ columns = ["c"]
 steps = ["hash_bucket(100)"]
 "#;
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start(dir: &std::path::Path) -> (Server, String) {
     let toml = dir.join("pushed.toml");
     std::fs::write(&toml, format!("input = \"flight\"\n{PIPELINE}")).unwrap();
@@ -46,23 +38,14 @@ fn start(dir: &std::path::Path) -> (Server, String) {
         hydrant::operators::FittedState::empty("pushed").to_json(),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--batch-size", "64"])
-        .arg("--pipeline")
-        .arg(&toml)
-        .arg("--state")
-        .arg(&state)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let ready: serde_json::Value = serde_json::from_str(&line).expect("a ready line");
-    let addr = ready["listening"].as_str().unwrap().to_string();
-    (Server(child), format!("http://{addr}"))
+    serve(&[
+        "--batch-size".as_ref(),
+        "64".as_ref(),
+        "--pipeline".as_ref(),
+        toml.as_os_str(),
+        "--state".as_ref(),
+        state.as_os_str(),
+    ])
 }
 
 fn batch(rows: usize) -> RecordBatch {

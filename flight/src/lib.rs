@@ -12,6 +12,8 @@
 //! - With a token file, `Handshake` takes HTTP Basic credentials and answers with a bearer
 //!   token that every other call must carry.
 //!
+//! [`Client`] is the other side: it reads a rank's stream as one [`StepBatch`] per step.
+//!
 //! ```
 //! use hydrant_flight::Ticket;
 //!
@@ -23,10 +25,12 @@
 
 mod auth;
 mod check;
+mod client;
 mod service;
 mod ticket;
 
 pub use auth::{Auth, AuthError};
 pub use check::{Guarded, MAX_PUSH_ROWS, check_message, decode_guarded, quiet_decoder_panics};
+pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use service::{BatchMeta, FlightServer, RankStream, ServeError, Served, batch_bytes};
 pub use ticket::{Ticket, TicketError};

@@ -39,8 +39,8 @@ pub struct BatchMeta {
     /// Version of the fitted state that featurized it.
     pub state_version: u64,
     /// Set on the epoch's last message: a clean end without it is a cut, not completion.
-    /// When the last step is not known in advance (pushed input) the stream ends with a
-    /// message that carries only this metadata (`rows` 0).
+    /// When the last step is not known in advance (pushed input, or a start past the end)
+    /// the stream ends with a batch of no rows whose metadata says `rows` 0 and `last`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub last: bool,
 }
@@ -331,8 +331,17 @@ fn encode(
                 }
             }
             if end.last {
+                // A batch of no rows, not a message of metadata alone: arrow C++ (pyarrow)
+                // reads the latter only with an empty IPC header, which arrow-rs rejects;
+                // every decoder reads an empty batch.
                 let metadata = Bytes::from(serde_json::to_vec(&end).unwrap_or_default());
-                let _ = tx.blocking_send(Ok(FlightData::new().with_app_metadata(metadata)));
+                let empty = RecordBatch::new_empty(schema.clone());
+                if let Ok((_, data)) =
+                    generator.encode(&empty, &mut tracker, &options, &mut context)
+                {
+                    let data = FlightData::from(data).with_app_metadata(metadata);
+                    let _ = tx.blocking_send(Ok(data));
+                }
             }
         });
     if let Err(e) = spawned {

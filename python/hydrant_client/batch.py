@@ -152,9 +152,11 @@ def steps(chunks: Iterable, rank: int, start_step: int) -> Iterator[Batch]:
     expected = start_step
     for data, raw in chunks:
         m = json.loads(bytes(raw)) if raw else {}
-        if data is None:
+        if data is None or (data.num_rows == 0 and m.get("rows") == 0):
+            # The end of an epoch whose last step was not known in advance: a batch of no
+            # rows (or, from other servers, a message of metadata alone) saying `last`.
             if m.get("last") and not parts and m.get("step", expected) == expected:
-                return  # the end of an epoch whose last step was not known in advance
+                return
             if m.get("last"):
                 raise HydrantError(
                     f"rank {rank}: the epoch ended at step {m.get('step')} but step "

@@ -276,3 +276,33 @@ pub fn run_cluster(
         })
         .collect()
 }
+
+/// A `hydrant serve` child, killed when dropped.
+pub struct Server(pub Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `hydrant serve --listen 127.0.0.1:0 ARGS`; returns it and its `http://` address
+/// (from the ready line it prints).
+pub fn serve(args: &[&std::ffi::OsStr]) -> (Server, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let ready: serde_json::Value = serde_json::from_str(&line).expect("a ready line");
+    let addr = ready["listening"].as_str().unwrap().to_string();
+    (Server(child), format!("http://{addr}"))
+}

@@ -1,0 +1,283 @@
+//! A client for `hydrant serve`: Basic-then-bearer authentication, the pipeline's schema
+//! and tickets, and each rank's stream as one [`StepBatch`] per step — a step sent as
+//! several messages is reassembled, and a stream that breaks the contract (a gap, a step
+//! cut short, an end without `last`) is an error that says where to resume.
+
+use arrow::array::RecordBatch;
+use arrow::compute::concat_batches;
+use arrow::datatypes::Schema;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightClient, FlightDescriptor, HandshakeRequest};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use futures::{Stream, StreamExt};
+
+use crate::service::BatchMeta;
+use crate::ticket::Ticket;
+
+/// The largest message the client accepts (the server cuts a step into messages of under
+/// 4 MiB, but one row larger than that still comes whole).
+pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
+
+/// Why a call failed or a stream broke its contract.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server could not be reached.
+    #[error("cannot connect to {uri}: {reason}")]
+    Connect {
+        /// The server's address.
+        uri: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server answered with an error status.
+    #[error("{:?}: {}", .0.code(), .0.message())]
+    Status(#[from] tonic::Status),
+    /// The stream broke hydrant's contract, or a reply could not be read.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl From<arrow_flight::error::FlightError> for ClientError {
+    fn from(e: arrow_flight::error::FlightError) -> Self {
+        match e {
+            arrow_flight::error::FlightError::Tonic(status) => ClientError::Status(*status),
+            other => ClientError::Protocol(other.to_string()),
+        }
+    }
+}
+
+/// One rank's batch of one step, exactly `rows` rows.
+#[derive(Debug, Clone)]
+pub struct StepBatch {
+    /// The step's metadata, as the server sent it.
+    pub meta: BatchMeta,
+    /// The rows (one message's buffers, or one copy joining several).
+    pub batch: RecordBatch,
+}
+
+/// A connection to `hydrant serve`.
+pub struct Client {
+    inner: FlightClient,
+}
+
+impl Client {
+    /// Connects to `uri` (`http://host:port`, or `grpc://host:port` as pyarrow writes it).
+    pub async fn connect(uri: &str) -> Result<Self, ClientError> {
+        let fail = |reason: String| ClientError::Connect {
+            uri: uri.to_string(),
+            reason,
+        };
+        let http = match uri
+            .strip_prefix("grpc://")
+            .or(uri.strip_prefix("grpc+tcp://"))
+        {
+            Some(rest) => format!("http://{rest}"),
+            None => uri.to_string(),
+        };
+        let channel = tonic::transport::Endpoint::from_shared(http)
+            .map_err(|e| fail(e.to_string()))?
+            .tcp_nodelay(true)
+            // A rank's stream is a bulk transfer: large windows, as the server uses.
+            .initial_stream_window_size(Some(16 << 20))
+            .initial_connection_window_size(Some(64 << 20))
+            .connect()
+            .await
+            .map_err(|e| fail(chain(&e)))?;
+        let inner = FlightServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Client {
+            inner: FlightClient::new_from_inner(inner),
+        })
+    }
+
+    /// Authenticates against a server started with `--token-file`: Basic credentials in the
+    /// Handshake, then the bearer token it returns on every later call.
+    pub async fn authenticate(&mut self, user: &str, password: &str) -> Result<(), ClientError> {
+        let basic = format!("Basic {}", STANDARD.encode(format!("{user}:{password}")));
+        let mut request = tonic::Request::new(futures::stream::iter([HandshakeRequest::default()]));
+        let value = basic
+            .parse()
+            .map_err(|_| ClientError::Protocol("credentials are not a valid header".into()))?;
+        request.metadata_mut().insert("authorization", value);
+        let response = self.inner.inner_mut().handshake(request).await?;
+        let bearer = response
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| ClientError::Protocol("the handshake returned no token".into()))?
+            .to_string();
+        self.inner.add_header("authorization", &bearer)?;
+        Ok(())
+    }
+
+    /// The schema of `pipeline`'s batches.
+    pub async fn schema(&mut self, pipeline: &str) -> Result<Schema, ClientError> {
+        let descriptor = FlightDescriptor::new_path(vec![pipeline.to_string()]);
+        Ok(self.inner.get_schema(descriptor).await?)
+    }
+
+    /// The tickets of every rank of `pipeline` (epoch 0), in rank order.
+    pub async fn tickets(&mut self, pipeline: &str) -> Result<Vec<Ticket>, ClientError> {
+        let descriptor = FlightDescriptor::new_path(vec![pipeline.to_string()]);
+        let info = self.inner.get_flight_info(descriptor).await?;
+        info.endpoint
+            .iter()
+            .map(|e| {
+                let bytes = e.ticket.as_ref().map(|t| t.ticket.as_ref()).unwrap_or(&[]);
+                Ticket::parse(bytes).map_err(|e| ClientError::Protocol(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// The stream a ticket names, one [`StepBatch`] per step.
+    pub async fn steps(&mut self, ticket: &Ticket) -> Result<Steps, ClientError> {
+        let stream = self
+            .inner
+            .do_get(arrow_flight::Ticket::new(ticket.to_bytes()))
+            .await?;
+        Ok(Steps {
+            decoder: stream.into_inner(),
+            rank: ticket.rank,
+            next: ticket.start_step,
+            parts: Vec::new(),
+            meta: None,
+            have: 0,
+            done: false,
+        })
+    }
+}
+
+/// One rank's stream, reassembled into steps.
+pub struct Steps {
+    decoder: FlightDataDecoder,
+    rank: u32,
+    /// The step the stream owes next.
+    next: u64,
+    parts: Vec<RecordBatch>,
+    meta: Option<BatchMeta>,
+    have: u64,
+    done: bool,
+}
+
+impl Steps {
+    /// The next step; `None` after the epoch's last one. An error ends the stream.
+    pub async fn next_step(&mut self) -> Option<Result<StepBatch, ClientError>> {
+        if self.done {
+            return None;
+        }
+        let got = self.step().await;
+        if !matches!(got, Some(Ok(_))) {
+            self.done = true;
+        }
+        got
+    }
+
+    /// The steps as a `Stream`.
+    pub fn into_stream(self) -> impl Stream<Item = Result<StepBatch, ClientError>> + Send {
+        futures::stream::unfold(
+            self,
+            |mut s| async move { s.next_step().await.map(|r| (r, s)) },
+        )
+    }
+
+    fn broken(&self, what: String) -> Option<Result<StepBatch, ClientError>> {
+        Some(Err(ClientError::Protocol(format!(
+            "rank {}: {what}; resume with start_step {}",
+            self.rank, self.next
+        ))))
+    }
+
+    async fn step(&mut self) -> Option<Result<StepBatch, ClientError>> {
+        loop {
+            let message = match self.decoder.next().await {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => return Some(Err(e.into())),
+                None if self.parts.is_empty() => {
+                    return self.broken(format!(
+                        "the stream ended before step {} without the epoch's last message \
+                         (a cut, not the end of the epoch)",
+                        self.next
+                    ));
+                }
+                None => return self.broken(format!("the stream ended inside step {}", self.next)),
+            };
+            let meta = match message.inner.app_metadata.is_empty() {
+                true => None,
+                false => match serde_json::from_slice::<BatchMeta>(&message.inner.app_metadata) {
+                    Ok(m) => Some(m),
+                    Err(e) => return self.broken(format!("unreadable batch metadata: {e}")),
+                },
+            };
+            let batch = match message.payload {
+                DecodedPayload::RecordBatch(b) => b,
+                DecodedPayload::None | DecodedPayload::Schema(_) => continue,
+            };
+            // The end of an epoch whose last step was not known in advance: a batch of no
+            // rows whose metadata says `rows` 0 and `last`.
+            if let Some(m) = meta.filter(|m| batch.num_rows() == 0 && m.rows == 0) {
+                if m.last && self.parts.is_empty() && m.step == self.next {
+                    return None;
+                }
+                if m.last {
+                    return self.broken(format!("the epoch ended at step {}", m.step));
+                }
+                continue;
+            }
+            let Some(meta) = meta else {
+                return self.broken("a batch without metadata".into());
+            };
+            if self.parts.is_empty() {
+                if meta.step != self.next {
+                    return self.broken(format!("the server sent step {}", meta.step));
+                }
+                self.meta = Some(meta);
+            } else if self.meta.is_some_and(|m| m.step != meta.step) {
+                return self.broken(format!(
+                    "step {} ended after {} of its rows",
+                    self.next, self.have
+                ));
+            }
+            self.have += batch.num_rows() as u64;
+            self.parts.push(batch);
+            let want = self.meta.map_or(0, |m| m.rows);
+            if self.have < want {
+                continue;
+            }
+            if self.have > want {
+                return self.broken(format!(
+                    "step {} has {} rows, not {want}",
+                    self.next, self.have
+                ));
+            }
+            let parts = std::mem::take(&mut self.parts);
+            self.have = 0;
+            let batch = match parts.len() {
+                1 => parts.into_iter().next().expect("one part"),
+                _ => match concat_batches(&parts[0].schema(), &parts) {
+                    Ok(b) => b,
+                    Err(e) => return self.broken(format!("cannot join step {}: {e}", self.next)),
+                },
+            };
+            let meta = self.meta.take().expect("set with the first part");
+            self.next += 1;
+            if meta.last {
+                self.done = true;
+            }
+            return Some(Ok(StepBatch { meta, batch }));
+        }
+    }
+}
+
+/// An error with its sources: tonic's transport errors say only "transport error" at the
+/// top.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

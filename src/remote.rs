@@ -1,0 +1,244 @@
+//! A remote source for the embedded API: a rank's batches read from `hydrant serve` over
+//! Arrow Flight, through the same loader actors (host or cuda backend, read-ahead, stall
+//! time) as the in-process path, so a Rust trainer in another process gets the same
+//! [`TrainingBatch`]es.
+//!
+//! ```no_run
+//! use hydrant::Pipeline;
+//!
+//! let remote = Pipeline::connect("grpc://127.0.0.1:50051", "criteo")?;
+//! let rank = remote.rank(0)?;
+//! for batch in rank.batches() {
+//!     let batch = batch?; // batch.dense, batch.ids, batch.labels, batch.is_padding
+//! }
+//! # Ok::<(), hydrant::Error>(())
+//! ```
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hydrant_flight::{Client, StepBatch, Ticket};
+use hydrant_operators::{Batch, ErrorSlot};
+use tokio::sync::Notify;
+
+use crate::delivery::{RankBatch, StepMeta};
+use crate::error::{Error, Result};
+use crate::loader::{self, Loader, LoaderConfig, TrainingBatch};
+
+/// A pipeline served by `hydrant serve`, as a source of ranks.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    uri: String,
+    pipeline: String,
+    credentials: Option<(String, String)>,
+    config: LoaderConfig,
+    world_size: u32,
+}
+
+impl Remote {
+    /// Connects to `uri` and looks `pipeline` up (its ranks).
+    pub fn connect(uri: &str, pipeline: &str) -> Result<Remote> {
+        Self::new(uri, pipeline, None)
+    }
+
+    /// Connects to a server started with `--token-file`, authenticating as `user`.
+    pub fn connect_with_credentials(
+        uri: &str,
+        pipeline: &str,
+        user: &str,
+        password: &str,
+    ) -> Result<Remote> {
+        Self::new(
+            uri,
+            pipeline,
+            Some((user.to_string(), password.to_string())),
+        )
+    }
+
+    fn new(uri: &str, pipeline: &str, credentials: Option<(String, String)>) -> Result<Remote> {
+        let mut remote = Remote {
+            uri: uri.to_string(),
+            pipeline: pipeline.to_string(),
+            credentials,
+            config: LoaderConfig::default(),
+            world_size: 0,
+        };
+        remote.world_size = remote.look_up()?;
+        Ok(remote)
+    }
+
+    /// The loader actors' read-ahead and backend (default: 2 batches, host memory).
+    pub fn with_loader(mut self, config: LoaderConfig) -> Remote {
+        self.config = config;
+        self
+    }
+
+    /// Ranks the pipeline is served to.
+    pub fn world_size(&self) -> usize {
+        self.world_size as usize
+    }
+
+    /// Rank `rank`'s batches of epoch 0 from its first step.
+    pub fn rank(&self, rank: usize) -> Result<RemoteRank> {
+        self.open(rank, 0, 0)
+    }
+
+    /// Rank `rank`'s batches of `epoch` from `start_step` (a trainer resuming after step
+    /// S passes S + 1).
+    pub fn open(&self, rank: usize, epoch: u64, start_step: u64) -> Result<RemoteRank> {
+        if rank >= self.world_size() {
+            return Err(Error::Usage(format!(
+                "rank {rank} is not below the {} ranks `{}` is served to",
+                self.world_size, self.pipeline
+            )));
+        }
+        let ticket = Ticket {
+            pipeline: self.pipeline.clone(),
+            epoch,
+            rank: rank as u32,
+            world_size: self.world_size,
+            start_step,
+        };
+        let errors = ErrorSlot::default();
+        let (feed, loader, actor) = loader::spawn(rank, self.config, errors.clone())?;
+        let cancel = Arc::new(Notify::new());
+        let (remote, stop) = (self.clone(), cancel.clone());
+        let reader = std::thread::Builder::new()
+            .name(format!("hydrant-remote-{rank}"))
+            .spawn(move || {
+                if let Err(e) = remote.read(&ticket, &stop, &feed) {
+                    errors.set_message(&format!("remote rank {rank}: {e}"));
+                }
+                // Dropping the feed ends the loader, which passes the error on.
+            })
+            .map_err(|e| Error::Dataflow(format!("cannot start remote reader {rank}: {e}")))?;
+        Ok(RemoteRank {
+            loader,
+            cancel,
+            threads: vec![reader, actor],
+        })
+    }
+
+    fn runtime() -> Result<tokio::runtime::Runtime> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Dataflow(format!("cannot start a runtime: {e}")))
+    }
+
+    async fn client(&self) -> Result<Client> {
+        let mut client = Client::connect(&self.uri).await.map_err(remote_error)?;
+        if let Some((user, password)) = &self.credentials {
+            client
+                .authenticate(user, password)
+                .await
+                .map_err(remote_error)?;
+        }
+        Ok(client)
+    }
+
+    /// The pipeline's number of ranks, from its endpoints.
+    fn look_up(&self) -> Result<u32> {
+        Self::runtime()?.block_on(async {
+            let tickets = self
+                .client()
+                .await?
+                .tickets(&self.pipeline)
+                .await
+                .map_err(remote_error)?;
+            Ok(tickets.len() as u32)
+        })
+    }
+
+    /// Reads the stream into the loader's feed until it ends, fails or is cancelled.
+    fn read(&self, ticket: &Ticket, cancel: &Notify, feed: &loader::LoaderFeed) -> Result<()> {
+        let runtime = Self::runtime()?;
+        let mut steps = runtime.block_on(async {
+            self.client()
+                .await?
+                .steps(ticket)
+                .await
+                .map_err(remote_error)
+        })?;
+        loop {
+            let next = runtime.block_on(async {
+                tokio::select! {
+                    step = steps.next_step() => Some(step),
+                    _ = cancel.notified() => None,
+                }
+            });
+            match next {
+                None | Some(None) => return Ok(()),
+                Some(Some(step)) => {
+                    let step = step.map_err(remote_error)?;
+                    // A trainer that dropped its loader is not an error.
+                    if feed.send(rank_batch(step, ticket.world_size)).is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn rank_batch(step: StepBatch, world_size: u32) -> RankBatch {
+    RankBatch {
+        meta: StepMeta {
+            epoch: step.meta.epoch,
+            step: step.meta.step,
+            rank: step.meta.rank as usize,
+            world_size: world_size as usize,
+            padded_rows: step.meta.padded_rows as usize,
+            state_version: step.meta.state_version,
+        },
+        batch: Batch {
+            seq: step.meta.step,
+            data: step.batch,
+        },
+    }
+}
+
+fn remote_error(e: hydrant_flight::ClientError) -> Error {
+    Error::Dataflow(e.to_string())
+}
+
+/// One rank of a [`Remote`] pipeline: its loader, fed by a reader thread. Dropping it
+/// stops both.
+pub struct RemoteRank {
+    loader: Loader,
+    cancel: Arc<Notify>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl RemoteRank {
+    /// The rank's loader handle (the same type as an in-process rank's).
+    pub fn loader(&self) -> &Loader {
+        &self.loader
+    }
+
+    /// The batches, one per step, in step order; a failed stream ends with one `Err`.
+    pub fn batches(&self) -> impl Iterator<Item = Result<TrainingBatch>> + '_ {
+        self.loader.batches()
+    }
+
+    /// Time spent waiting for batches so far.
+    pub fn stall(&self) -> Duration {
+        self.loader.stall()
+    }
+
+    /// Whether the reader and loader threads have ended (after the last batch, an error,
+    /// or [`Drop`]).
+    pub fn finished(&self) -> bool {
+        self.threads.iter().all(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for RemoteRank {
+    /// Cancels the read; dropping the loader handle next ends the loader, whose feed then
+    /// ends the reader. Nothing is joined: a clone of the loader still held elsewhere keeps
+    /// both running until it is dropped too.
+    fn drop(&mut self) {
+        self.cancel.notify_one();
+    }
+}

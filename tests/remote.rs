@@ -1,0 +1,228 @@
+//! The Rust Flight client and the remote source against a real `hydrant serve`: the same
+//! `TrainingBatch`es as the in-process path, steps reassembled, resume, auth, and errors
+//! that say what went wrong.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::Path;
+
+use hydrant::loader::TrainingBatch;
+use hydrant::{Pipeline, RunOptions};
+
+mod common;
+use common::*;
+
+const ROWS: u64 = 10_007;
+
+fn setup(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let data = gen_criteo(dir, ROWS, 11);
+    let state = dir.join("state.json");
+    hydrant_ok(&[
+        "fit",
+        "--pipeline",
+        criteo_toml().to_str().unwrap(),
+        "--input",
+        data.to_str().unwrap(),
+        "--out",
+        state.to_str().unwrap(),
+    ]);
+    (data, state)
+}
+
+fn start(data: &Path, state: &Path, extra: &[&str]) -> (Server, String) {
+    let toml = criteo_toml();
+    let mut args: Vec<&OsStr> = vec![
+        "--pipeline".as_ref(),
+        toml.as_os_str(),
+        "--input".as_ref(),
+        data.as_os_str(),
+        "--state".as_ref(),
+        state.as_os_str(),
+    ];
+    args.extend(extra.iter().map(OsStr::new));
+    serve(&args)
+}
+
+/// (step, row ids, dense values) of every batch of every rank, ranks read concurrently.
+type Seen = BTreeMap<usize, Vec<(u64, Vec<u64>, Vec<f32>)>>;
+
+fn record(
+    batches: impl Iterator<Item = hydrant::Result<TrainingBatch>>,
+) -> Vec<(u64, Vec<u64>, Vec<f32>)> {
+    batches
+        .map(|b| {
+            let b = b.unwrap();
+            (
+                b.meta.step,
+                b.row_ids.to_vec(),
+                b.dense.host().unwrap().to_vec(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn remote_ranks_get_the_same_batches_as_in_process_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = setup(dir.path());
+    let extra = [
+        "--ranks",
+        "2",
+        "--batch-size",
+        "1000",
+        "--shuffle",
+        "--seed",
+        "5",
+    ];
+    let (_server, uri) = start(&data, &state, &extra);
+
+    let remote = Pipeline::connect(&uri, "criteo").unwrap();
+    assert_eq!(remote.world_size(), 2);
+    let ranks: Vec<_> = (0..2).map(|r| remote.rank(r).unwrap()).collect();
+    let remote_seen: Seen = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|rank| s.spawn(move || record(rank.batches())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .enumerate()
+            .collect()
+    });
+    assert!(ranks.iter().all(|r| r.stall() > std::time::Duration::ZERO));
+
+    let options = RunOptions {
+        ranks: 2,
+        batch_size: 1000,
+        seed: 5,
+        shuffle: Some(65_536),
+        ..RunOptions::default()
+    };
+    let local = Pipeline::from_files(&criteo_toml(), &[data], Some(&state), options)
+        .unwrap()
+        .start()
+        .unwrap();
+    let local_seen: Seen = std::thread::scope(|s| {
+        let handles: Vec<_> = local
+            .ranks()
+            .iter()
+            .map(|l| s.spawn(move || record(l.batches())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .enumerate()
+            .collect()
+    });
+    local.join().unwrap();
+
+    let steps = ROWS.div_ceil(2000);
+    for r in 0..2 {
+        let got: Vec<u64> = remote_seen[&r].iter().map(|(s, _, _)| *s).collect();
+        assert_eq!(got, (0..steps).collect::<Vec<_>>(), "rank {r}");
+        assert!(remote_seen[&r].iter().all(|(_, ids, _)| ids.len() == 1000));
+    }
+    assert_eq!(
+        remote_seen, local_seen,
+        "remote and in-process batches differ"
+    );
+}
+
+#[test]
+fn a_step_over_one_message_is_one_batch_and_resume_starts_where_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = setup(dir.path());
+    // 20,000 rows of Criteo are ~5 MB: over gRPC's 4 MiB, so the step goes as two messages.
+    let (_server, uri) = start(&data, &state, &["--ranks", "1", "--batch-size", "20000"]);
+    let remote = Pipeline::connect(&uri, "criteo").unwrap();
+    let all = record(remote.rank(0).unwrap().batches());
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].1.len(), 20_000);
+    assert_eq!(all[0].2.len(), 20_000 * 13);
+    let real: Vec<u64> = all[0]
+        .1
+        .iter()
+        .copied()
+        .filter(|&i| i != u64::MAX)
+        .collect();
+    assert_eq!(real, (0..ROWS).collect::<Vec<_>>());
+
+    let (_server, uri) = start(&data, &state, &["--ranks", "1", "--batch-size", "1000"]);
+    let remote = Pipeline::connect(&uri, "criteo").unwrap();
+    let rest = record(remote.open(0, 0, 7).unwrap().batches());
+    let steps: Vec<u64> = rest.iter().map(|(s, _, _)| *s).collect();
+    assert_eq!(steps, (7..ROWS.div_ceil(1000)).collect::<Vec<_>>());
+    let past_the_end = record(remote.open(0, 0, 11).unwrap().batches());
+    assert!(past_the_end.is_empty());
+}
+
+#[test]
+fn credentials_are_needed_and_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = setup(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "alice:s3cret\n").unwrap();
+    let (_server, uri) = start(
+        &data,
+        &state,
+        &[
+            "--ranks",
+            "1",
+            "--batch-size",
+            "5000",
+            "--token-file",
+            tokens.to_str().unwrap(),
+        ],
+    );
+    let err = Pipeline::connect(&uri, "criteo").unwrap_err().to_string();
+    assert!(err.to_lowercase().contains("unauthenticated"), "{err}");
+    let remote = hydrant::Remote::connect_with_credentials(&uri, "criteo", "alice", "guess");
+    assert!(remote.is_err());
+    let remote =
+        hydrant::Remote::connect_with_credentials(&uri, "criteo", "alice", "s3cret").unwrap();
+    assert_eq!(record(remote.rank(0).unwrap().batches()).len(), 3);
+}
+
+#[test]
+fn failures_name_what_went_wrong() {
+    let port = free_port();
+    let err = Pipeline::connect(&format!("grpc://127.0.0.1:{port}"), "criteo")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot connect"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = setup(dir.path());
+    let (mut server, uri) = start(&data, &state, &["--ranks", "2", "--batch-size", "100"]);
+    let err = Pipeline::connect(&uri, "nope").unwrap_err().to_string();
+    assert!(
+        err.contains("NotFound") || err.contains("not found"),
+        "{err}"
+    );
+    let remote = Pipeline::connect(&uri, "criteo").unwrap();
+    let err = remote.rank(2).err().unwrap().to_string();
+    assert!(err.contains("rank 2 is not below the 2 ranks"), "{err}");
+
+    // The server dies mid-epoch: the stream ends with an error, never a clean end.
+    let rank = remote.rank(0).unwrap();
+    let other = remote.rank(1).unwrap();
+    let mut got = 0;
+    let mut failed = None;
+    for b in rank.batches() {
+        match b {
+            Ok(_) => got += 1,
+            Err(e) => {
+                failed = Some(e.to_string());
+                break;
+            }
+        }
+        if got == 2 {
+            let _ = server.0.kill();
+        }
+        let _ = other.loader().next_batch();
+    }
+    let failed = failed.expect("a cut stream must end with an error");
+    assert!(failed.contains("remote rank 0"), "{failed}");
+    assert!(got < ROWS.div_ceil(200) as usize, "{got}");
+}
