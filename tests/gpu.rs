@@ -1,0 +1,159 @@
+//! The cuda loader backend on a real GPU (feature `cuda`; run by `scripts/gpu-check` on a
+//! machine that has one). Without a GPU each test says so and passes, unless
+//! `HYDRANT_REQUIRE_GPU=1` (what the script sets), where a missing GPU fails it.
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::CudaContext;
+use hydrant::loader::{Backend, LoaderConfig, Storage, TrainingBatch};
+use hydrant::{Pipeline, RunOptions};
+
+/// The criteo pipeline: relative to the working directory where the test runs from a
+/// copy of the repository on another machine (scripts/gpu-check), else from this one.
+fn criteo_toml() -> std::path::PathBuf {
+    let here = std::path::PathBuf::from("examples/criteo.toml");
+    match here.exists() {
+        true => here,
+        false => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/criteo.toml"),
+    }
+}
+
+/// Generated Criteo-like rows (in-process: the check's machine may have no `hydrant`
+/// where this test was built).
+fn gen_criteo(dir: &std::path::Path, rows: u64, seed: u64) -> std::path::PathBuf {
+    let path = dir.join(format!("criteo-{rows}.parquet"));
+    hydrant::demo::criteo(rows, &path, seed).unwrap();
+    path
+}
+
+/// Device 0, or `None` (after saying why) where this machine has none.
+fn gpu() -> Option<Arc<CudaContext>> {
+    // SAFETY: only tries to dlopen the driver library by its known names.
+    let present = unsafe { cudarc::driver::sys::is_culib_present() };
+    let ctx = present.then(|| CudaContext::new(0).ok()).flatten();
+    if ctx.is_none() {
+        assert!(
+            std::env::var("HYDRANT_REQUIRE_GPU").as_deref() != Ok("1"),
+            "HYDRANT_REQUIRE_GPU=1 but no CUDA device 0"
+        );
+        eprintln!("no CUDA device: GPU test not run");
+    }
+    ctx
+}
+
+/// Every batch of a one-rank run of `rows` rows with the given loader backend.
+fn batches(data: &std::path::Path, batch: usize, backend: Backend) -> Vec<TrainingBatch> {
+    let options = RunOptions {
+        batch_size: batch,
+        loader: LoaderConfig {
+            prefetch: 2,
+            backend,
+        },
+        ..RunOptions::default()
+    };
+    let running = Pipeline::from_files(&criteo_toml(), &[data.to_path_buf()], None, options)
+        .unwrap()
+        .start()
+        .unwrap();
+    let out: Vec<_> = running.ranks()[0].batches().map(Result::unwrap).collect();
+    running.join().unwrap();
+    out
+}
+
+fn device_values<T: cudarc::driver::DeviceRepr + arrow::datatypes::ArrowNativeType>(
+    storage: &Storage<T>,
+) -> Vec<T> {
+    match storage {
+        Storage::Device(d) => d.0.stream().clone_dtoh(d.0.as_ref()).unwrap(),
+        Storage::Host(_) => panic!("the cuda backend left a tensor in host memory"),
+    }
+}
+
+#[test]
+fn values_on_the_device_equal_the_hosts() {
+    let Some(_ctx) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = gen_criteo(dir.path(), 20_000, 3);
+    let host = batches(&data, 4096, Backend::Host);
+    let device = batches(&data, 4096, Backend::Cuda(0));
+    assert_eq!(host.len(), device.len());
+    for (h, d) in host.iter().zip(&device) {
+        assert_eq!(h.meta.step, d.meta.step);
+        assert_eq!(h.dense.host().unwrap(), device_values(&d.dense.storage));
+        assert_eq!(h.ids.host().unwrap(), device_values(&d.ids.storage));
+        let (hl, dl) = (h.labels.as_ref().unwrap(), d.labels.as_ref().unwrap());
+        assert_eq!(hl.host().unwrap(), device_values(&dl.storage));
+        assert_eq!(h.row_ids, d.row_ids);
+    }
+}
+
+#[test]
+fn device_and_pinned_memory_are_released() {
+    let Some(ctx) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = gen_criteo(dir.path(), 50_000, 4);
+    // A first run warms the context; the second must give back what it took.
+    drop(batches(&data, 8192, Backend::Cuda(0)));
+    let (free_before, _) = ctx.mem_get_info().unwrap();
+    let held = batches(&data, 8192, Backend::Cuda(0));
+    let (free_holding, _) = ctx.mem_get_info().unwrap();
+    drop(held);
+    ctx.synchronize().unwrap();
+    let (free_after, _) = ctx.mem_get_info().unwrap();
+    assert!(
+        free_holding < free_before,
+        "the batches took no device memory?"
+    );
+    // Allowed slack: the driver's own granularity (2 MiB pages).
+    assert!(
+        free_after + (4 << 20) >= free_before,
+        "device memory not released: {free_before} free before, {free_after} after"
+    );
+}
+
+/// The loader's host→device rate against a bare pinned copy of the same bytes with
+/// cudarc on the same device (the Python check compares with torch's pinned copies).
+#[test]
+fn host_to_device_throughput_is_near_a_bare_pinned_copy() {
+    let Some(ctx) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = gen_criteo(dir.path(), 500_000, 5);
+    let host = batches(&data, 65_536, Backend::Host);
+    let bytes: usize = host
+        .iter()
+        .map(|b| (b.dense.host().unwrap().len() * 4) + b.ids.host().unwrap().len() * 8)
+        .sum();
+    let t0 = Instant::now();
+    let device = batches(&data, 65_536, Backend::Cuda(0));
+    if let Some(Storage::Device(d)) = device.last().map(|b| &b.ids.storage) {
+        d.0.stream().synchronize().unwrap();
+    }
+    let loader_s = t0.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    let hosted = batches(&data, 65_536, Backend::Host);
+    let featurize_s = t0.elapsed().as_secs_f64();
+
+    let stream = ctx.default_stream();
+    // SAFETY: filled below before it is read.
+    let mut pinned = unsafe { ctx.alloc_pinned::<u8>(bytes) }.unwrap();
+    pinned.as_mut_slice().unwrap().fill(1);
+    let t0 = Instant::now();
+    let copied = stream.clone_htod(&pinned).unwrap();
+    stream.synchronize().unwrap();
+    let bare_s = t0.elapsed().as_secs_f64();
+    drop((copied, hosted));
+    let bare = bytes as f64 / bare_s;
+    // The loader's copy time is what it adds to featurizing alone.
+    let loader = bytes as f64 / (loader_s - featurize_s).max(1e-9);
+    eprintln!(
+        "host->device: loader {:.2} GB/s over featurizing, bare pinned copy {:.2} GB/s",
+        loader / 1e9,
+        bare / 1e9
+    );
+    assert!(
+        loader >= 0.8 * bare || loader_s <= featurize_s * 1.1,
+        "{loader} vs {bare}"
+    );
+}
