@@ -160,17 +160,29 @@ def test_sigterm_shuts_down_even_with_a_stalled_stream(serve):
 
 def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
     """A stale reader (a zombie pod, a double start) used to end a live stream with a
-    clean end of stream mid-epoch; now the replaced stream ends ABORTED, never OK."""
-    s = serve("--ranks", "1", "--batch-size", "100")
+    clean end of stream mid-epoch; now the replaced stream ends ABORTED, never OK.
+
+    Rank 1 is not read until the takeover is done, so the first stream of rank 0 stays
+    live (backpressure) instead of receiving its whole small epoch into gRPC's buffers."""
+    s = serve("--ranks", "2", "--batch-size", "100")
     client = Client(s.uri)
-    first = client.batches("criteo", 0, 1)
+    first = client.batches("criteo", 0, 2)
     got = [next(first) for _ in range(3)]
-    steps = -(-ROWS // 100)
-    second = list(client.batches("criteo", 0, 1, start_step=3))
-    assert [b.step for b in second] == list(range(3, steps))
+    steps = -(-ROWS // 200)
+    second = {}
+    taker = threading.Thread(
+        target=lambda: second.setdefault(0, list(client.batches("criteo", 0, 2, start_step=3)))
+    )
+    taker.start()
     with pytest.raises(HydrantError, match="(?i)aborted.*superseded by a newer reader for rank 0"):
         for b in first:
             got.append(b)
     assert len(got) < steps
+    other = threading.Thread(target=lambda: second.setdefault(1, list(client.batches("criteo", 1, 2))))
+    other.start()
+    taker.join()
+    other.join()
+    assert [b.step for b in second[0]] == list(range(3, steps))
+    assert [b.step for b in second[1]] == list(range(steps))
 
 
