@@ -15,18 +15,7 @@ use common::*;
 const ROWS: u64 = 10_007;
 
 fn setup(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let data = gen_criteo(dir, ROWS, 11);
-    let state = dir.join("state.json");
-    hydrant_ok(&[
-        "fit",
-        "--pipeline",
-        criteo_toml().to_str().unwrap(),
-        "--input",
-        data.to_str().unwrap(),
-        "--out",
-        state.to_str().unwrap(),
-    ]);
-    (data, state)
+    folder_with_state(dir, &[ROWS], 11)
 }
 
 fn start(data: &Path, state: &Path, extra: &[&str]) -> (Server, String) {
@@ -45,6 +34,21 @@ fn start(data: &Path, state: &Path, extra: &[&str]) -> (Server, String) {
 
 /// (step, row ids, dense values) of every batch of every rank, ranks read concurrently.
 type Seen = BTreeMap<usize, Vec<(u64, Vec<u64>, Vec<f32>)>>;
+
+/// Every rank's batches, the ranks read concurrently (they are consumed together).
+fn read_ranks<'a>(loaders: impl IntoIterator<Item = &'a hydrant::Loader>) -> Seen {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = loaders
+            .into_iter()
+            .map(|l| s.spawn(move || record(l.batches())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .enumerate()
+            .collect()
+    })
+}
 
 fn record(
     batches: impl Iterator<Item = hydrant::Result<TrainingBatch>>,
