@@ -83,17 +83,7 @@ fn remote_ranks_get_the_same_batches_as_in_process_ranks() {
     let remote = Pipeline::connect(&uri, "criteo").unwrap();
     assert_eq!(remote.world_size(), 2);
     let ranks: Vec<_> = (0..2).map(|r| remote.rank(r).unwrap()).collect();
-    let remote_seen: Seen = std::thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .iter()
-            .map(|rank| s.spawn(move || record(rank.batches())))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .enumerate()
-            .collect()
-    });
+    let remote_seen = read_ranks(ranks.iter().map(|r| r.loader()));
     assert!(ranks.iter().all(|r| r.stall() > std::time::Duration::ZERO));
 
     let options = RunOptions {
@@ -107,18 +97,7 @@ fn remote_ranks_get_the_same_batches_as_in_process_ranks() {
         .unwrap()
         .start()
         .unwrap();
-    let local_seen: Seen = std::thread::scope(|s| {
-        let handles: Vec<_> = local
-            .ranks()
-            .iter()
-            .map(|l| s.spawn(move || record(l.batches())))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .enumerate()
-            .collect()
-    });
+    let local_seen = read_ranks(local.ranks());
     local.join().unwrap();
 
     let steps = ROWS.div_ceil(2000);
