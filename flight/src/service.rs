@@ -63,6 +63,9 @@ pub enum ServeError {
     /// The stream was ended by something newer, e.g. another reader of its rank (ABORTED).
     #[error("{0}")]
     Aborted(String),
+    /// Too much is already running (RESOURCE_EXHAUSTED).
+    #[error("{0}")]
+    ResourceExhausted(String),
 }
 
 impl ServeError {
@@ -82,12 +85,16 @@ impl From<ServeError> for Status {
             ServeError::FailedPrecondition(m) => Status::failed_precondition(m),
             ServeError::Internal(m) => Status::internal(m),
             ServeError::Aborted(m) => Status::aborted(m),
+            ServeError::ResourceExhausted(m) => Status::resource_exhausted(m),
         }
     }
 }
 
 /// One rank's batches, in step order; dropping it means the reader went away.
-pub type RankStream = Box<dyn Iterator<Item = Result<(BatchMeta, RecordBatch), ServeError>> + Send>;
+///
+/// It must not block the task that polls it: a batch not yet featurized is a pending
+/// poll, not a wait.
+pub type RankStream = BoxStream<'static, Result<(BatchMeta, RecordBatch), ServeError>>;
 
 /// A pipeline as the server sees it.
 pub trait Served: Send + Sync + 'static {
@@ -102,7 +109,8 @@ pub trait Served: Send + Sync + 'static {
     /// Steps per rank per epoch.
     fn steps(&self) -> u64;
     /// Rank `rank`'s batches of `epoch` from `start_step` on (arguments already checked
-    /// against the above). May block briefly (it may start a dataflow).
+    /// against the above). Called on the server's runtime; must not block (starting a
+    /// dataflow on threads of its own is fine).
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError>;
     /// What `DoAction("status")` reports for it.
     fn status(&self) -> serde_json::Value;
@@ -278,80 +286,99 @@ impl<T> Stream for Rx<T> {
     }
 }
 
-/// Encodes a rank's stream on a thread of its own (the stream blocks), two messages ahead
-/// of the network. It stops as soon as the client goes away. A clean end whose last batch
-/// did not say `last` gets a metadata-only message that does (`end`, moved past the last
-/// step sent).
-fn encode(
+/// Encodes a rank's stream as Flight messages, in the task that polls it (no thread of its
+/// own: the stream it reads never blocks). The schema goes first; a step larger than
+/// [`MESSAGE_TARGET_BYTES`] goes as several messages. A clean end whose last batch did not
+/// say `last` gets a zero-row batch whose metadata does (`end`, moved past the last step
+/// sent): every decoder reads that, while a message of metadata alone is read by arrow C++
+/// only with an empty IPC header, which arrow-rs rejects.
+struct Encoder {
     schema: SchemaRef,
     batches: RankStream,
-    mut end: BatchMeta,
-) -> Rx<Result<FlightData, Status>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(2);
-    let spawned = std::thread::Builder::new()
-        .name("hydrant-doget".into())
-        .spawn(move || {
-            let options = IpcWriteOptions::default();
-            let first = FlightData::from(SchemaAsIpc::new(&schema, &options));
-            if tx.blocking_send(Ok(first)).is_err() {
-                return;
-            }
-            let generator = IpcDataGenerator::default();
-            let mut tracker = DictionaryTracker::new(false);
-            let mut context = IpcWriteContext::default();
-            for item in batches {
-                let (meta, batch) = match item {
-                    Ok(b) => b,
-                    Err(e) => {
-                        let _ = tx.blocking_send(Err(e.into()));
-                        return;
-                    }
-                };
-                end = BatchMeta {
-                    step: meta.step + 1,
-                    state_version: meta.state_version,
-                    ..end
-                };
-                if meta.last {
-                    end.last = false;
-                }
-                let metadata = Bytes::from(serde_json::to_vec(&meta).unwrap_or_default());
-                for piece in split(&batch) {
-                    let data = match generator.encode(&piece, &mut tracker, &options, &mut context)
-                    {
-                        Ok((_, data)) => FlightData::from(data).with_app_metadata(metadata.clone()),
-                        Err(e) => {
-                            let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
-                            return;
-                        }
-                    };
-                    if tx.blocking_send(Ok(data)).is_err() {
-                        return;
-                    }
-                }
-            }
-            if end.last {
-                // A batch of no rows, not a message of metadata alone: arrow C++ (pyarrow)
-                // reads the latter only with an empty IPC header, which arrow-rs rejects;
-                // every decoder reads an empty batch.
-                let metadata = Bytes::from(serde_json::to_vec(&end).unwrap_or_default());
-                let empty = RecordBatch::new_empty(schema.clone());
-                if let Ok((_, data)) =
-                    generator.encode(&empty, &mut tracker, &options, &mut context)
-                {
-                    let data = FlightData::from(data).with_app_metadata(metadata);
-                    let _ = tx.blocking_send(Ok(data));
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let _ = tx.try_send(Err(Status::resource_exhausted(format!(
-            "cannot start a stream: {e}"
-        ))));
-        return Rx(rx);
+    end: BatchMeta,
+    /// Messages encoded and not yet yielded.
+    queued: std::collections::VecDeque<Result<FlightData, Status>>,
+    generator: IpcDataGenerator,
+    tracker: DictionaryTracker,
+    context: IpcWriteContext,
+    options: IpcWriteOptions,
+    /// Set once the input has ended (cleanly or not).
+    finished: bool,
+}
+
+impl Encoder {
+    fn new(schema: SchemaRef, batches: RankStream, end: BatchMeta) -> Self {
+        let options = IpcWriteOptions::default();
+        let first = FlightData::from(SchemaAsIpc::new(&schema, &options));
+        Encoder {
+            schema,
+            batches,
+            end,
+            queued: [Ok(first)].into(),
+            generator: IpcDataGenerator::default(),
+            tracker: DictionaryTracker::new(false),
+            context: IpcWriteContext::default(),
+            options,
+            finished: false,
+        }
     }
-    Rx(rx)
+
+    /// Queues `batch`'s messages, each with `meta` as its `app_metadata`.
+    fn queue(&mut self, meta: &BatchMeta, batch: &RecordBatch) {
+        let metadata = Bytes::from(serde_json::to_vec(meta).unwrap_or_default());
+        for piece in split(batch) {
+            let encoded =
+                self.generator
+                    .encode(&piece, &mut self.tracker, &self.options, &mut self.context);
+            match encoded {
+                Ok((_, data)) => self.queued.push_back(Ok(
+                    FlightData::from(data).with_app_metadata(metadata.clone())
+                )),
+                Err(e) => {
+                    self.queued.push_back(Err(Status::internal(e.to_string())));
+                    self.finished = true;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Stream for Encoder {
+    type Item = Result<FlightData, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(message) = this.queued.pop_front() {
+                return Poll::Ready(Some(message));
+            }
+            if this.finished {
+                return Poll::Ready(None);
+            }
+            match std::task::ready!(this.batches.poll_next_unpin(cx)) {
+                Some(Ok((meta, batch))) => {
+                    this.end.step = meta.step + 1;
+                    this.end.state_version = meta.state_version;
+                    if meta.last {
+                        this.end.last = false;
+                    }
+                    this.queue(&meta, &batch);
+                }
+                Some(Err(e)) => {
+                    this.finished = true;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                None => {
+                    this.finished = true;
+                    if this.end.last {
+                        let (end, empty) = (this.end, RecordBatch::new_empty(this.schema.clone()));
+                        this.queue(&end, &empty);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The bytes of a batch's rows, not of the buffers a slice shares with its parent.
@@ -466,7 +493,11 @@ impl FlightService for FlightServer {
             state_version: 0,
             last: true,
         };
-        Ok(Response::new(Box::pin(encode(p.schema(), batches, end))))
+        Ok(Response::new(Box::pin(Encoder::new(
+            p.schema(),
+            batches,
+            end,
+        ))))
     }
 
     async fn do_put(

@@ -119,13 +119,21 @@ def test_bad_tickets_name_the_field(serve, ticket, message):
     assert len(Client(s.uri).endpoints("criteo")) == 2
 
 
-def test_status_reports_sessions(serve):
+def test_status_reports_runs_and_forgets_a_finished_one(serve):
     s = serve("--ranks", "2", "--batch-size", "5000")
     client = Client(s.uri)
-    read_all(client, range(2), 2)
+    reader = client.batches("criteo", 0, 2)
+    first = next(reader)
     status = client.status()["pipelines"][0]
     assert status["name"] == "criteo" and status["world_size"] == 2
-    assert status["sessions"][0]["ranks"][0]["next_step"] == status["steps_per_epoch"]
+    (run,) = status["runs"]
+    assert run["epoch"] == 0 and run["only_rank"] is None
+    assert run["ranks"][0]["connected"] and run["ranks"][0]["next_step"] >= 1
+    rest = list(reader)
+    list(client.batches("criteo", 1, 2))
+    assert 1 + len(rest) == status["steps_per_epoch"] and first.step == 0
+    # Every rank took its last batch: the run and its replay buffers are gone.
+    assert client.status()["pipelines"][0]["runs"] == []
 
 
 def test_metrics_are_exported_for_prometheus(serve):

@@ -63,7 +63,7 @@ pub enum Output {
     /// Rank `r`'s batches go to `feeds[r]`; ranks of other processes have none.
     Loaders(Vec<Option<LoaderFeed>>),
     /// Rank `r`'s batches go to `channels[r]` as they are (`None`: discarded).
-    Channels(Vec<Option<crossbeam_channel::Sender<RankBatch>>>),
+    Channels(Vec<Option<tokio::sync::mpsc::Sender<RankBatch>>>),
 }
 
 /// What one run does.
@@ -211,7 +211,7 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
 enum WorkerSink {
     Batch(Box<dyn BatchSink>),
     Feeds(Vec<Option<LoaderFeed>>),
-    Channels(Vec<Option<crossbeam_channel::Sender<RankBatch>>>),
+    Channels(Vec<Option<tokio::sync::mpsc::Sender<RankBatch>>>),
 }
 
 impl WorkerSink {
@@ -226,7 +226,8 @@ impl WorkerSink {
             WorkerSink::Channels(c) => match &c[rb.meta.rank] {
                 Some(tx) => {
                     let rank = rb.meta.rank;
-                    tx.send(rb)
+                    // Dataflow workers are threads of their own, never a tokio worker.
+                    tx.blocking_send(rb)
                         .map_err(|_| crate::loader::stopped_reading(rank))
                 }
                 None => Ok(()),

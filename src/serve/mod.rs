@@ -1,26 +1,27 @@
 //! A pipeline served over Flight ([`hydrant_flight::Served`]): each epoch is delivered by
-//! a *session*, a dataflow run whose ranks are read by DoGet streams.
+//! *runs*, dataflows whose ranks are read by DoGet streams ([`run`], [`stream`]).
 //!
-//! A session starts with the first DoGet for its epoch, at that ticket's `start_step`.
-//! Each rank keeps a ring of the last batches it sent, so a trainer that reconnects with
-//! `start_step = last finished + 1` continues exactly where it stopped. A request the
-//! shared session cannot serve (a step already gone) gets a private session that delivers
-//! only that rank from that step: correct, at the cost of featurizing the epoch's rest.
-//!
-//! A reconnect may arrive before the server has noticed the old stream is gone; the new
-//! stream then takes the rank over. Only one stream receives from a rank's queue at a
-//! time (the `receiving` lock), and a stream that finds itself replaced hands the batch
-//! it holds back (`pending`), so nothing is lost or reordered.
+//! - The first DoGet of an epoch starts its *shared* run at that ticket's `start_step`;
+//!   the other ranks join it. Each rank keeps the last [`REPLAY_BYTES`] of batches it
+//!   sent, so a trainer that reconnects with `start_step = last finished + 1` continues
+//!   exactly where it stopped.
+//! - A rank that asks for a step the shared run no longer holds catches up on a run of its
+//!   own (it reads only the units its remaining steps need); the shared run drains that
+//!   rank meanwhile so that the other ranks do not wait on it. A rank has at most one such
+//!   run, and goes back to the shared run when a reconnect finds its step there.
+//! - At most one stream reads an (epoch, rank): a new DoGet supersedes the stream before
+//!   it, which ends with ABORTED, never with a clean end.
+//! - A run is forgotten once every rank took its last batch, or when no one has read it
+//!   for [`IDLE_TIMEOUT`] and room is needed; at most [`max_runs`] live at once.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
-use crossbeam_channel::{Receiver, Sender, bounded};
-use hydrant_flight::{BatchMeta, RankStream, ServeError, Served, batch_bytes};
-use hydrant_operators::{ErrorSlot, FeaturePlan, FittedState, Transformer};
+use hydrant_flight::{RankStream, ServeError, Served};
+use hydrant_operators::{FeaturePlan, FittedState, Transformer};
+use tokio::sync::mpsc::Sender;
 
 use crate::delivery::{Delivery, RankBatch, StreamCutter, delivery_schema};
 use crate::runtime::{self, Cluster, Job, Output};
@@ -28,15 +29,25 @@ use crate::source::Inputs;
 use crate::spec::PipelineSpec;
 
 mod push;
+mod run;
+mod stream;
 
 pub use push::PushFeaturizer;
+use run::{Run, lock};
+use stream::{Consumer, Runs};
 
 /// Bytes of sent batches each rank keeps for a reconnecting trainer: more than a stream
 /// can have in flight (the HTTP/2 stream window and the encoder's queue).
 pub const REPLAY_BYTES: usize = 24 << 20;
 
-/// Batches queued per rank between the dataflow and its stream.
-const QUEUE: usize = 2;
+/// A run no stream has read for this long may be forgotten when room is needed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Runs kept at once for `world` ranks: two epochs' shared runs and a catch-up run per
+/// rank in each.
+pub fn max_runs(world: usize) -> usize {
+    2 * (world + 1)
+}
 
 /// A pipeline ready to serve: inputs opened, state fitted or given.
 pub struct ServedPipeline {
@@ -56,60 +67,15 @@ pub struct ServedPipeline {
     delivery: Delivery,
     workers: usize,
     schema: SchemaRef,
-    sessions: Mutex<BTreeMap<u64, Arc<Session>>>,
-}
-
-struct Session {
-    epoch: u64,
-    first_step: u64,
-    /// Rank served, when the session serves only one.
-    only: Option<usize>,
-    ranks: Vec<Mutex<Slot>>,
-    done: Arc<AtomicBool>,
-    errors: ErrorSlot,
-    /// Bytes of sent batches each rank keeps for reconnects.
-    replay_bytes: usize,
-}
-
-impl Session {
-    /// A session whose ranks' queues are fed by the returned senders; with `only`, the
-    /// other ranks get no queue (the dataflow discards their batches).
-    fn with_queues(
-        epoch: u64,
-        first_step: u64,
-        only: Option<usize>,
-        world: usize,
-        replay_bytes: usize,
-    ) -> (Vec<Option<Sender<RankBatch>>>, Arc<Session>) {
-        let (senders, ranks) = (0..world)
-            .map(|r| {
-                let (tx, rx) = bounded(QUEUE);
-                let mut slot = Slot::new(rx, first_step);
-                if only.is_some_and(|o| o != r) {
-                    slot.rx = None;
-                    return (None, Mutex::new(slot));
-                }
-                (Some(tx), Mutex::new(slot))
-            })
-            .unzip();
-        let session = Arc::new(Session {
-            epoch,
-            first_step,
-            only,
-            ranks,
-            done: Arc::default(),
-            errors: ErrorSlot::default(),
-            replay_bytes,
-        });
-        (senders, session)
-    }
+    /// The runs alive, of every epoch.
+    runs: Arc<Runs>,
 }
 
 /// Pushed input: how batches are featurized and cut as they arrive.
 struct Ingest {
     featurizer: PushFeaturizer,
     cutter: StreamCutter,
-    /// `None` once the input is ended.
+    /// Each rank's queue; `None` once the input is ended.
     senders: Option<Vec<Sender<RankBatch>>>,
     next_row: u64,
     seq: u64,
@@ -125,53 +91,22 @@ struct PushCounts {
     ended: AtomicBool,
 }
 
-struct Slot {
-    /// The rank's queue (`None` for ranks a private session does not serve).
-    rx: Option<Receiver<RankBatch>>,
-    /// Held while a stream waits on `rx`, so that one stream receives at a time.
-    receiving: Arc<Mutex<()>>,
-    /// Which stream reads the rank now; older streams stop.
-    generation: u64,
-    /// Whether a stream is attached.
-    attached: bool,
-    /// Batches received by a replaced stream and not sent, to go first.
-    pending: VecDeque<RankBatch>,
-    /// The last batches sent, oldest first, and their bytes.
-    sent: VecDeque<RankBatch>,
-    sent_bytes: usize,
-    /// The step the queue yields next.
-    next_step: u64,
-}
-
-impl Slot {
-    fn new(rx: Receiver<RankBatch>, next_step: u64) -> Self {
-        Slot {
-            rx: Some(rx),
-            receiving: Arc::default(),
-            generation: 0,
-            attached: false,
-            pending: VecDeque::new(),
-            sent: VecDeque::new(),
-            sent_bytes: 0,
-            next_step,
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl ServedPipeline {
     /// Keeps `bytes` of sent batches per rank (default [`REPLAY_BYTES`]) for trainers that
     /// reconnect; an older step is served by a new run.
     pub fn with_replay_bytes(mut self, bytes: usize) -> Self {
         self.replay_bytes = bytes;
+        if let Some(ingest) = &self.ingest {
+            // Nothing was pushed yet: the run of pushed input starts over with the new size.
+            let (senders, run) = Run::new(0, 0, None, self.world(), None, bytes);
+            lock(ingest).senders = Some(senders.into_iter().flatten().collect());
+            *lock(&self.runs) = vec![run];
+        }
         self
     }
 
     /// A pipeline over `inputs` with `state` (already fitted), delivered as `delivery`
-    /// says, each session running on `workers` threads.
+    /// says, each run on `workers` threads.
     pub fn new(
         name: &str,
         inputs: Arc<Inputs>,
@@ -193,7 +128,7 @@ impl ServedPipeline {
             bound,
             delivery,
             workers,
-            sessions: Mutex::new(BTreeMap::new()),
+            runs: Arc::default(),
         })
     }
 
@@ -211,11 +146,7 @@ impl ServedPipeline {
             &plan.output_schema(),
             state.version,
         )?;
-        let (senders, session) =
-            Session::with_queues(0, 0, None, delivery.plan.world_size(), REPLAY_BYTES);
-        let senders = senders.into_iter().flatten().collect();
-        let mut sessions = BTreeMap::new();
-        sessions.insert(0, session);
+        let (senders, run) = Run::new(0, 0, None, delivery.plan.world_size(), None, REPLAY_BYTES);
         Ok(ServedPipeline {
             name: spec.name.clone(),
             schema: delivery_schema(&plan.output_schema()),
@@ -225,7 +156,7 @@ impl ServedPipeline {
             ingest: Some(Mutex::new(Ingest {
                 featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
                 cutter,
-                senders: Some(senders),
+                senders: Some(senders.into_iter().flatten().collect()),
                 next_row: 0,
                 seq: 0,
                 dropped: 0,
@@ -240,20 +171,33 @@ impl ServedPipeline {
                 ..delivery
             },
             workers: 1,
-            sessions: Mutex::new(sessions),
+            runs: Arc::new(Mutex::new(vec![run])),
         })
     }
 
+    fn world(&self) -> usize {
+        self.delivery.plan.world_size()
+    }
+
     /// Starts a dataflow delivering `epoch` from `start_step`, all ranks or only `only`.
-    fn start(&self, epoch: u64, start_step: u64, only: Option<usize>) -> Arc<Session> {
+    fn start(
+        &self,
+        epoch: u64,
+        start_step: u64,
+        only: Option<usize>,
+    ) -> Result<Arc<Run>, ServeError> {
         let Some(inputs) = &self.inputs else {
-            unreachable!("sessions of pushed input are made at start");
+            return Err(ServeError::Internal(
+                "pushed input has one run, made at start".into(),
+            ));
         };
-        let (senders, session) = Session::with_queues(
+        let steps = self.delivery.plan.steps();
+        let (senders, run) = Run::new(
             epoch,
             start_step,
             only,
-            self.delivery.plan.world_size(),
+            self.world(),
+            Some(steps),
             self.replay_bytes,
         );
         let mut job = Job::new(
@@ -268,65 +212,73 @@ impl ServedPipeline {
                 start_step,
             },
         );
-        job.output = Some(Output::Channels(senders));
-        job.errors = session.errors.clone();
+        job.output = Some(Output::Channels(senders.clone()));
+        job.errors = run.errors.clone();
         let cluster = Cluster::local(self.workers);
-        let (done, errors) = (session.done.clone(), session.errors.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("hydrant-session-{epoch}"))
+        // The thread holds the run's error slot and flag, never the run: a run forgotten
+        // drops its queues, and the dataflow stops at its next send.
+        let (done, errors) = (run.done.clone(), run.errors.clone());
+        std::thread::Builder::new()
+            .name(format!("hydrant-run-{epoch}"))
             .spawn(move || {
                 if let Err(e) = runtime::execute(job, &cluster, || {}) {
-                    errors.set("session", e);
+                    errors.set("run", e);
                 }
                 done.store(true, Ordering::SeqCst);
-            });
-        if let Err(e) = spawned {
-            session.errors.set("session", format!("cannot start: {e}"));
-            session.done.store(true, Ordering::SeqCst);
-        }
-        session
+                // The queues end only now, so that a stream that sees their end sees the
+                // error too.
+                drop(senders);
+            })
+            .map_err(|e| ServeError::ResourceExhausted(format!("cannot start a run: {e}")))?;
+        Ok(run)
     }
 
-    /// Attaches a stream to `rank` of `session` from `start_step` (taking the rank over
-    /// from an earlier stream), if the session still holds that step; `steps` is the
-    /// epoch's length when it is known (file input).
-    fn attach(
-        session: &Arc<Session>,
+    /// A stream of `rank` of `run` from `start_step`, once attached.
+    fn consumer(
+        &self,
+        run: &Arc<Run>,
         rank: usize,
         start_step: u64,
-        steps: Option<u64>,
-    ) -> Option<RankStream> {
-        let mut slot = lock(&session.ranks[rank]);
-        let rx = slot.rx.clone()?;
-        let oldest = slot
-            .sent
-            .front()
-            .or(slot.pending.front())
-            .map_or(slot.next_step, |b| b.meta.step);
-        if start_step < oldest {
-            return None;
-        }
-        slot.generation += 1;
-        slot.attached = true;
-        let replay: VecDeque<RankBatch> = slot
-            .sent
-            .iter()
-            .filter(|b| b.meta.step >= start_step)
-            .cloned()
-            .collect();
-        Some(Box::new(Reader {
-            session: session.clone(),
+        reading: bool,
+    ) -> Option<Consumer> {
+        let attached = run.attach(rank, start_step, reading)?;
+        Some(Consumer::new(
+            run.clone(),
+            Arc::downgrade(&self.runs),
             rank,
-            generation: slot.generation,
             start_step,
-            replay,
-            receiving: slot.receiving.clone(),
-            rx,
-            ended: false,
-            steps,
-            next: start_step,
-        }))
+            attached,
+        ))
     }
+
+    /// Forgets runs no one has read for [`IDLE_TIMEOUT`]; then, while there are too many,
+    /// the unread ones, oldest first. Errs if every run is being read.
+    fn make_room(&self, runs: &mut Vec<Arc<Run>>) -> Result<(), ServeError> {
+        let max = max_runs(self.world());
+        forget(runs, |r| r.idle_for(IDLE_TIMEOUT));
+        while runs.len() >= max {
+            let Some(unread) = runs.iter().position(|r| !r.read()) else {
+                return Err(ServeError::ResourceExhausted(format!(
+                    "{} runs are being read; no room for another (reconnect at a recent step, \
+                     or wait)",
+                    runs.len()
+                )));
+            };
+            runs.remove(unread).close();
+        }
+        Ok(())
+    }
+}
+
+/// Removes the runs `which` picks, ending their consumers.
+fn forget(runs: &mut Vec<Arc<Run>>, which: impl Fn(&Run) -> bool) {
+    runs.retain(|r| {
+        let keep = !which(r);
+        if !keep {
+            r.close();
+        }
+        keep
+    });
 }
 
 /// Hands each rank batch to its rank's queue, waiting while it is full.
@@ -334,174 +286,10 @@ fn send_all(senders: &[Sender<RankBatch>], ranked: Vec<RankBatch>) -> Result<(),
     for rb in ranked {
         let rank = rb.meta.rank;
         senders[rank]
-            .send(rb)
+            .blocking_send(rb)
             .map_err(|_| ServeError::Internal(format!("rank {rank}'s queue is closed")))?;
     }
     Ok(())
-}
-
-/// One DoGet's view of a rank: the replayed batches, then what a replaced stream left,
-/// then the queue.
-struct Reader {
-    session: Arc<Session>,
-    rank: usize,
-    generation: u64,
-    start_step: u64,
-    replay: VecDeque<RankBatch>,
-    receiving: Arc<Mutex<()>>,
-    rx: Receiver<RankBatch>,
-    /// Set once the stream has ended (with its last batch or an error).
-    ended: bool,
-    /// Steps in the epoch, when known (file input).
-    steps: Option<u64>,
-    /// The next step this stream owes its reader.
-    next: u64,
-}
-
-fn meta(rb: &RankBatch) -> BatchMeta {
-    BatchMeta {
-        epoch: rb.meta.epoch,
-        step: rb.meta.step,
-        rank: rb.meta.rank as u32,
-        rows: rb.data().num_rows() as u64,
-        padded_rows: rb.meta.padded_rows as u64,
-        state_version: rb.meta.state_version,
-        last: false,
-    }
-}
-
-/// How long a stream waits on its queue before looking whether it was replaced.
-const POLL: std::time::Duration = std::time::Duration::from_millis(50);
-
-impl Reader {
-    /// Sends `rb` if it is at or past the start step (recording it for replay).
-    fn deliver(&self, slot: &mut Slot, rb: RankBatch) -> Option<RankBatch> {
-        slot.next_step = slot.next_step.max(rb.meta.step + 1);
-        if rb.meta.step < self.start_step {
-            return None;
-        }
-        let rank = self.rank.to_string();
-        metrics::counter!(crate::metrics::RANK_BATCHES, "rank" => rank.clone()).increment(1);
-        metrics::counter!(crate::metrics::RANK_BYTES, "rank" => rank.clone())
-            .increment(batch_bytes(rb.data()) as u64);
-        metrics::gauge!(crate::metrics::RANK_QUEUE_DEPTH, "rank" => rank).set(self.rx.len() as f64);
-        slot.sent_bytes += batch_bytes(rb.data());
-        slot.sent.push_back(rb.clone());
-        while slot.sent_bytes > self.session.replay_bytes && slot.sent.len() > 1 {
-            if let Some(old) = slot.sent.pop_front() {
-                slot.sent_bytes -= batch_bytes(old.data());
-            }
-        }
-        Some(rb)
-    }
-
-    /// Ends this stream because a newer reader took its rank: ABORTED, never a clean end,
-    /// so that the stale reader cannot mistake it for the end of the epoch.
-    fn superseded(&self) -> Option<<Self as Iterator>::Item> {
-        Some(Err(ServeError::Aborted(format!(
-            "superseded by a newer reader for rank {}",
-            self.rank
-        ))))
-    }
-
-    /// The next batch from the replay, the held-back batches or the queue.
-    fn next_batch(&mut self) -> Option<<Self as Iterator>::Item> {
-        if let Some(rb) = self.replay.pop_front() {
-            return Some(Ok((meta(&rb), rb.batch.data)));
-        }
-        loop {
-            {
-                let mut slot = lock(&self.session.ranks[self.rank]);
-                if slot.generation != self.generation {
-                    return self.superseded();
-                }
-                while let Some(rb) = slot.pending.pop_front() {
-                    if let Some(rb) = self.deliver(&mut slot, rb) {
-                        return Some(Ok((meta(&rb), rb.batch.data)));
-                    }
-                }
-            }
-            let receiving = lock(&self.receiving);
-            let waited = Instant::now();
-            let got = self.rx.recv_timeout(POLL);
-            metrics::gauge!(crate::metrics::RANK_STALL_SECONDS, "rank" => self.rank.to_string())
-                .increment(waited.elapsed().as_secs_f64());
-            let mut slot = lock(&self.session.ranks[self.rank]);
-            drop(receiving);
-            match got {
-                Ok(rb) if slot.generation != self.generation => {
-                    slot.pending.push_back(rb);
-                    return self.superseded();
-                }
-                Ok(rb) => {
-                    // A replaced stream may have left earlier batches: they go first.
-                    slot.pending.push_back(rb);
-                    while let Some(rb) = slot.pending.pop_front() {
-                        if let Some(rb) = self.deliver(&mut slot, rb) {
-                            return Some(Ok((meta(&rb), rb.batch.data)));
-                        }
-                    }
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    // The dataflow ended: all sent, or failed.
-                    return self
-                        .session
-                        .errors
-                        .get()
-                        .map(|e| Err(ServeError::Internal(format!("pipeline failed: {e}"))));
-                }
-            }
-        }
-    }
-}
-
-impl Iterator for Reader {
-    type Item = Result<(BatchMeta, arrow::array::RecordBatch), ServeError>;
-
-    /// The next batch; a stream of a known-length epoch never ends cleanly before its last
-    /// step (it ends with an error saying where to resume instead).
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.ended {
-            return None;
-        }
-        let mut item = self.next_batch();
-        match &mut item {
-            // Steps come in order from `start_step`; a gap would be rows lost unseen.
-            Some(Ok((meta, _))) if meta.step != self.next && self.start_step != u64::MAX => {
-                self.ended = true;
-                return Some(Err(ServeError::Internal(format!(
-                    "rank {}'s stream skipped from step {} to {}; reconnect with start_step {}",
-                    self.rank, self.next, meta.step, self.next
-                ))));
-            }
-            Some(Ok((meta, _))) => {
-                self.next = meta.step + 1;
-                meta.last = self.steps == Some(self.next);
-            }
-            Some(Err(_)) => self.ended = true,
-            None => {
-                self.ended = true;
-                if let Some(steps) = self.steps.filter(|&n| self.next < n && self.start_step < n) {
-                    return Some(Err(ServeError::Internal(format!(
-                        "rank {}'s stream ended at step {} of {steps}; reconnect with \
-                         start_step {}",
-                        self.rank, self.next, self.next
-                    ))));
-                }
-            }
-        }
-        item
-    }
-}
-
-impl Drop for Reader {
-    fn drop(&mut self) {
-        let mut slot = lock(&self.session.ranks[self.rank]);
-        if slot.generation == self.generation {
-            slot.attached = false;
-        }
-    }
 }
 
 impl Served for ServedPipeline {
@@ -514,7 +302,7 @@ impl Served for ServedPipeline {
     }
 
     fn world_size(&self) -> u32 {
-        self.delivery.plan.world_size() as u32
+        self.world() as u32
     }
 
     fn epochs(&self) -> u64 {
@@ -534,7 +322,7 @@ impl Served for ServedPipeline {
             return Err(ServeError::not_pushed(&self.name));
         };
         // Featurized under the lock, so that rows keep the order they were accepted in and
-        // a full rank queue holds every producer back.
+        // a full rank queue holds every producer back. Called off the runtime's workers.
         let mut guard = lock(ingest);
         let st = &mut *guard;
         let Some(senders) = &st.senders else {
@@ -579,57 +367,75 @@ impl Served for ServedPipeline {
         send_all(&senders, ranked)?;
         self.pushed.dropped.store(st.dropped, Ordering::Relaxed);
         self.pushed.ended.store(true, Ordering::Relaxed);
-        if let Some(s) = lock(&self.sessions).get(&0) {
-            s.done.store(true, Ordering::SeqCst);
+        for run in lock(&self.runs).iter() {
+            run.done.store(true, Ordering::SeqCst);
         }
         Ok(())
     }
 
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError> {
         let rank = rank as usize;
-        let steps = self.inputs.as_ref().map(|_| self.delivery.plan.steps());
-        let mut sessions = lock(&self.sessions);
-        if let Some(s) = sessions.get(&epoch) {
-            if let Some(stream) = Self::attach(s, rank, start_step, steps) {
-                return Ok(stream);
-            }
-            if self.ingest.is_some() {
-                return Err(ServeError::FailedPrecondition(format!(
-                    "step {start_step} of rank {rank} is no longer held (pushed input is \
-                     delivered once; the last {} MiB per rank are kept for reconnects)",
-                    self.replay_bytes >> 20
-                )));
-            }
-            // The shared session is past this step. Once it is done, the next reader of
-            // an earlier step starts a new shared session; while it runs, a private one.
-            if !s.done.load(Ordering::SeqCst) {
-                // The other ranks must not wait on this one in the shared session: drain
-                // it there (a later reconnect within its replay can still take it over).
-                if let Some(drain) = Self::attach(s, rank, u64::MAX, None) {
-                    let spawned = std::thread::Builder::new()
-                        .name(format!("hydrant-drain-{rank}"))
-                        .spawn(move || drain.for_each(drop));
-                    if spawned.is_err() {
-                        return Err(ServeError::Internal("cannot start a drain thread".into()));
-                    }
-                }
-                drop(sessions);
-                let private = self.start(epoch, start_step, Some(rank));
-                return Self::attach(&private, rank, start_step, steps)
-                    .ok_or_else(|| ServeError::Internal("a new session refused its rank".into()));
-            }
+        let mut runs = lock(&self.runs);
+        // One stream per (epoch, rank): a new reader ends the one before, on any run.
+        for run in runs.iter().filter(|r| r.epoch == epoch) {
+            run.supersede_reader(rank);
         }
-        let session = self.start(epoch, start_step, None);
-        sessions.insert(epoch, session.clone());
-        Self::attach(&session, rank, start_step, steps)
-            .ok_or_else(|| ServeError::Internal("a new session refused its rank".into()))
+        let of_epoch = |only: Option<usize>| {
+            runs.iter()
+                .find(|r| r.epoch == epoch && r.only == only)
+                .cloned()
+        };
+        let (shared, private) = (of_epoch(None), of_epoch(Some(rank)));
+        if let Some(s) = &shared
+            && let Some(c) = self.consumer(s, rank, start_step, true)
+        {
+            // Back on the shared run: the rank's own run is no longer needed.
+            if let Some(p) = &private {
+                forget(&mut runs, |r| std::ptr::eq(r, &**p));
+            }
+            return Ok(c.into_stream());
+        }
+        if let Some(p) = &private
+            && let Some(c) = self.consumer(p, rank, start_step, true)
+        {
+            return Ok(c.into_stream());
+        }
+        if self.ingest.is_some() {
+            return Err(ServeError::FailedPrecondition(format!(
+                "step {start_step} of rank {rank} is no longer held (pushed input is \
+                 delivered once; the last {} MiB per rank are kept for reconnects)",
+                self.replay_bytes >> 20
+            )));
+        }
+        if let Some(p) = &private {
+            forget(&mut runs, |r| std::ptr::eq(r, &**p));
+        }
+        // The shared run is past this step: the rank catches up on a run of its own, and
+        // the shared run drains it meanwhile so that the other ranks do not wait on it
+        // (a later reconnect within its replay can still take it back).
+        let only = match &shared {
+            Some(s) => {
+                if let Some(drain) = self.consumer(s, rank, u64::MAX, false) {
+                    drain.drain();
+                }
+                Some(rank)
+            }
+            None => None,
+        };
+        self.make_room(&mut runs)?;
+        let run = self.start(epoch, start_step, only)?;
+        runs.push(run.clone());
+        let c = self
+            .consumer(&run, rank, start_step, true)
+            .ok_or_else(|| ServeError::Internal("a new run refused its rank".into()))?;
+        Ok(c.into_stream())
     }
 
     fn status(&self) -> serde_json::Value {
-        let sessions = lock(&self.sessions);
+        let runs = lock(&self.runs).clone();
         serde_json::json!({
             "name": self.name,
-            "world_size": self.delivery.plan.world_size(),
+            "world_size": self.world(),
             "epochs": self.delivery.epochs,
             // Unknown for pushed input until it ends.
             "steps_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.steps()),
@@ -644,82 +450,10 @@ impl Served for ServedPipeline {
                     "dropped_rows": p.dropped.load(Ordering::Relaxed),
                 })
             }),
-            "sessions": sessions.values().map(|s| serde_json::json!({
-                "epoch": s.epoch,
-                "first_step": s.first_step,
-                "only_rank": s.only,
-                "done": s.done.load(Ordering::SeqCst),
-                "ranks": s.ranks.iter().enumerate().map(|(r, slot)| {
-                    let slot = lock(slot);
-                    serde_json::json!({
-                        "rank": r,
-                        "connected": slot.attached,
-                        "next_step": slot.next_step,
-                        "queue_depth": slot.rx.as_ref().map_or(0, |rx| rx.len()),
-                    })
-                }).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
+            "runs": runs.iter().map(|r| r.status()).collect::<Vec<_>>(),
         })
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::delivery::StepMeta;
-    use arrow::array::RecordBatch;
-    use arrow::datatypes::Schema;
-
-    fn step(step: u64) -> RankBatch {
-        RankBatch {
-            meta: StepMeta {
-                epoch: 0,
-                step,
-                rank: 0,
-                world_size: 1,
-                padded_rows: 0,
-                state_version: 0,
-            },
-            batch: hydrant_operators::Batch {
-                seq: step,
-                data: RecordBatch::new_empty(Arc::new(Schema::empty())),
-            },
-        }
-    }
-
-    /// A session of one rank fed `steps`, then ended; its stream from step 0 of an epoch
-    /// of `len` steps.
-    fn stream(steps: &[u64], len: u64) -> RankStream {
-        let (senders, session) = Session::with_queues(0, 0, None, 1, REPLAY_BYTES);
-        let tx = senders.into_iter().flatten().next().unwrap();
-        let stream = ServedPipeline::attach(&session, 0, 0, Some(len)).unwrap();
-        // The queue is bounded: the stream's reads make room.
-        let steps = steps.to_vec();
-        std::thread::spawn(move || steps.into_iter().for_each(|s| tx.send(step(s)).unwrap()));
-        stream
-    }
-
-    #[test]
-    fn a_stream_that_skips_or_ends_short_says_where_to_resume() {
-        let mut s = stream(&[0, 2], 3);
-        assert_eq!(s.next().unwrap().unwrap().0.step, 0);
-        let err = s.next().unwrap().unwrap_err().to_string();
-        assert!(
-            err.contains("skipped from step 1 to 2") && err.contains("start_step 1"),
-            "{err}"
-        );
-        assert!(s.next().is_none());
-
-        let mut s = stream(&[0, 1], 3);
-        assert_eq!(s.by_ref().take(2).filter(|b| b.is_ok()).count(), 2);
-        let err = s.next().unwrap().unwrap_err().to_string();
-        assert!(
-            err.contains("ended at step 2 of 3") && err.contains("start_step 2"),
-            "{err}"
-        );
-        assert!(s.next().is_none());
-
-        let s = stream(&[0, 1, 2], 3);
-        assert_eq!(s.map(|b| b.unwrap().0.step).collect::<Vec<_>>(), [0, 1, 2]);
-    }
-}
+mod tests;

@@ -1,0 +1,265 @@
+//! One *run* of an epoch: a dataflow (or pushed input) that fills a bounded queue per
+//! rank from a first step on, and per rank a *slot*: which consumer receives from the
+//! queue now, and the last batches sent, for a stream that takes the rank over.
+//!
+//! At most one consumer receives from a rank's queue: attaching a new one (a trainer's
+//! stream, or a drain that keeps the other ranks going) supersedes the old. A consumer
+//! that finds it was superseded while it held a batch hands it back (`pending`), so
+//! nothing is lost or reordered.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hydrant_flight::batch_bytes;
+use hydrant_operators::ErrorSlot;
+use tokio::sync::mpsc::{Receiver, Sender, channel};
+use tokio_util::sync::CancellationToken;
+
+use crate::delivery::RankBatch;
+
+/// Batches queued per rank between the dataflow and its stream.
+const QUEUE: usize = 2;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A rank's queue, shared by the consumers that take turns on it.
+pub(super) type Queue = Arc<tokio::sync::Mutex<Receiver<RankBatch>>>;
+
+pub(super) struct Run {
+    pub epoch: u64,
+    pub first_step: u64,
+    /// The rank served, when the run serves only one (a rank catching up).
+    pub only: Option<usize>,
+    /// Steps in the epoch, when known (file input).
+    pub steps: Option<u64>,
+    slots: Vec<Mutex<Slot>>,
+    /// Each served rank's queue; `None` for ranks the run does not serve.
+    queues: Vec<Option<Queue>>,
+    pub errors: ErrorSlot,
+    /// The dataflow (or pushed input) has ended.
+    pub done: Arc<AtomicBool>,
+    /// Bytes of sent batches each rank keeps.
+    replay_bytes: usize,
+}
+
+pub(super) struct Slot {
+    /// Counts consumers: the one whose number this is receives, older ones stop.
+    pub generation: u64,
+    /// Cancels the current consumer's wait.
+    holder: Option<CancellationToken>,
+    /// Whether the current consumer is a trainer's stream (not a drain).
+    reading: bool,
+    /// Batches a superseded consumer received and did not send: they go first.
+    pub pending: VecDeque<RankBatch>,
+    /// The last batches sent, oldest first, and their bytes.
+    sent: VecDeque<RankBatch>,
+    sent_bytes: usize,
+    /// The step the queue yields next.
+    pub next_step: u64,
+    /// The queue has ended: every batch of this rank was taken.
+    pub exhausted: bool,
+    /// Since when no stream reads the rank.
+    idle_since: Instant,
+}
+
+/// What a consumer needs once attached to a slot.
+pub(super) struct Attached {
+    pub generation: u64,
+    pub cancel: CancellationToken,
+    pub queue: Queue,
+    /// Sent batches from the start step on, to send again first.
+    pub replay: VecDeque<RankBatch>,
+}
+
+impl Run {
+    /// A run of `epoch` from `first_step` whose ranks' queues are fed by the returned
+    /// senders; with `only`, the other ranks get no queue (the dataflow discards them).
+    pub fn new(
+        epoch: u64,
+        first_step: u64,
+        only: Option<usize>,
+        world: usize,
+        steps: Option<u64>,
+        replay_bytes: usize,
+    ) -> (Vec<Option<Sender<RankBatch>>>, Arc<Run>) {
+        let (senders, queues) = (0..world)
+            .map(|r| {
+                if only.is_some_and(|o| o != r) {
+                    return (None, None);
+                }
+                let (tx, rx) = channel(QUEUE);
+                (Some(tx), Some(Arc::new(tokio::sync::Mutex::new(rx))))
+            })
+            .unzip();
+        let now = Instant::now();
+        let slots = (0..world)
+            .map(|_| {
+                Mutex::new(Slot {
+                    generation: 0,
+                    holder: None,
+                    reading: false,
+                    pending: VecDeque::new(),
+                    sent: VecDeque::new(),
+                    sent_bytes: 0,
+                    next_step: first_step,
+                    exhausted: false,
+                    idle_since: now,
+                })
+            })
+            .collect();
+        let run = Arc::new(Run {
+            epoch,
+            first_step,
+            only,
+            steps,
+            slots,
+            queues,
+            errors: ErrorSlot::default(),
+            done: Arc::default(),
+            replay_bytes,
+        });
+        (senders, run)
+    }
+
+    pub fn serves(&self, rank: usize) -> bool {
+        self.queues.get(rank).is_some_and(Option::is_some)
+    }
+
+    pub fn slot(&self, rank: usize) -> MutexGuard<'_, Slot> {
+        lock(&self.slots[rank])
+    }
+
+    /// Attaches a consumer to `rank` from `start_step`, superseding the current one, if
+    /// the run still holds that step (sent and kept, pending, or still to come).
+    pub fn attach(&self, rank: usize, start_step: u64, reading: bool) -> Option<Attached> {
+        let queue = self.queues.get(rank)?.clone()?;
+        let mut slot = self.slot(rank);
+        let oldest = slot
+            .sent
+            .front()
+            .or(slot.pending.front())
+            .map_or(slot.next_step, |b| b.meta.step);
+        if start_step < oldest {
+            return None;
+        }
+        slot.supersede();
+        let cancel = CancellationToken::new();
+        slot.holder = Some(cancel.clone());
+        slot.reading = reading;
+        let replay = slot
+            .sent
+            .iter()
+            .filter(|b| b.meta.step >= start_step)
+            .cloned()
+            .collect();
+        Some(Attached {
+            generation: slot.generation,
+            cancel,
+            queue,
+            replay,
+        })
+    }
+
+    /// Ends the stream that reads `rank`, if one does (a drain stays). Returns whether
+    /// the rank is now without a consumer.
+    pub fn supersede_reader(&self, rank: usize) -> bool {
+        if !self.serves(rank) {
+            return false;
+        }
+        let mut slot = self.slot(rank);
+        if slot.reading {
+            slot.supersede();
+        }
+        slot.holder.is_none() && !slot.exhausted
+    }
+
+    /// Marks consumer `generation` of `rank` gone, if it is still the current one.
+    pub fn detach(&self, rank: usize, generation: u64) {
+        let mut slot = self.slot(rank);
+        if slot.generation == generation {
+            slot.holder = None;
+            slot.reading = false;
+            slot.idle_since = Instant::now();
+        }
+    }
+
+    /// Records `rb` as taken from the queue; returns it if it is at or past `start_step`
+    /// (keeping it for replay), `None` if the consumer skips it.
+    pub fn deliver(&self, slot: &mut Slot, rb: RankBatch, start_step: u64) -> Option<RankBatch> {
+        slot.next_step = slot.next_step.max(rb.meta.step + 1);
+        if rb.meta.step < start_step {
+            return None;
+        }
+        slot.sent_bytes += batch_bytes(rb.data());
+        slot.sent.push_back(rb.clone());
+        while slot.sent_bytes > self.replay_bytes && slot.sent.len() > 1 {
+            if let Some(old) = slot.sent.pop_front() {
+                slot.sent_bytes -= batch_bytes(old.data());
+            }
+        }
+        Some(rb)
+    }
+
+    /// Every served rank's queue has ended: nothing more can be sent from this run.
+    pub fn exhausted(&self) -> bool {
+        (0..self.slots.len())
+            .filter(|&r| self.serves(r))
+            .all(|r| self.slot(r).exhausted)
+    }
+
+    /// No stream has read any rank for `timeout`.
+    pub fn idle_for(&self, timeout: Duration) -> bool {
+        self.slots.iter().all(|s| {
+            let s = lock(s);
+            !s.reading && s.idle_since.elapsed() >= timeout
+        })
+    }
+
+    /// Ends every consumer (the run is being forgotten).
+    pub fn close(&self) {
+        for slot in &self.slots {
+            lock(slot).supersede();
+        }
+    }
+
+    /// Whether a trainer's stream reads some rank.
+    pub fn read(&self) -> bool {
+        self.slots.iter().any(|s| lock(s).reading)
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "epoch": self.epoch,
+            "first_step": self.first_step,
+            "only_rank": self.only,
+            "done": self.done.load(Ordering::SeqCst),
+            "ranks": (0..self.slots.len()).filter(|&r| self.serves(r)).map(|r| {
+                let slot = self.slot(r);
+                serde_json::json!({
+                    "rank": r,
+                    "connected": slot.reading,
+                    "next_step": slot.next_step,
+                    "finished": slot.exhausted,
+                })
+            }).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl Slot {
+    /// Ends the current consumer: a newer one (or none) takes its place.
+    fn supersede(&mut self) {
+        self.generation += 1;
+        if let Some(old) = self.holder.take() {
+            old.cancel();
+        }
+        if self.reading {
+            self.reading = false;
+            self.idle_since = Instant::now();
+        }
+    }
+}

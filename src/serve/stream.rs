@@ -1,0 +1,214 @@
+//! A consumer of one rank of a [`Run`], as an async stream: the batches kept for replay
+//! from its start step, then what a superseded consumer left, then the queue. Nothing
+//! blocks: waiting for the queue (or for the consumer before it to let go) is a pending
+//! poll, and a newer consumer of the rank wakes it to end with ABORTED.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use futures::StreamExt;
+use hydrant_flight::{BatchMeta, RankStream, ServeError, batch_bytes};
+
+use super::run::{Attached, Run, lock};
+use crate::delivery::RankBatch;
+
+/// The runs a pipeline keeps; a consumer that takes a run's last batch removes it.
+pub(super) type Runs = Mutex<Vec<Arc<Run>>>;
+
+pub(super) struct Consumer {
+    run: Arc<Run>,
+    runs: Weak<Runs>,
+    rank: usize,
+    start_step: u64,
+    attached: Attached,
+    /// Set once the stream has ended (with its last batch or an error).
+    ended: bool,
+    /// The next step this stream owes its reader.
+    next: u64,
+}
+
+impl Consumer {
+    pub fn new(
+        run: Arc<Run>,
+        runs: Weak<Runs>,
+        rank: usize,
+        start_step: u64,
+        attached: Attached,
+    ) -> Self {
+        Consumer {
+            run,
+            runs,
+            rank,
+            start_step,
+            attached,
+            ended: false,
+            next: start_step,
+        }
+    }
+
+    /// The stream a DoGet sends.
+    pub fn into_stream(self) -> RankStream {
+        futures::stream::unfold(self, |mut c| async move {
+            let item = c.next().await?;
+            Some((item, c))
+        })
+        .boxed()
+    }
+
+    /// Takes the rank's queue until it ends or a newer consumer comes, sending nothing
+    /// (so that a rank read elsewhere does not hold the other ranks back).
+    pub fn drain(mut self) {
+        tokio::spawn(async move {
+            self.start_step = u64::MAX;
+            while let Some(Ok(_)) = self.next_batch().await {}
+        });
+    }
+
+    fn superseded(&self) -> ServeError {
+        ServeError::Aborted(format!(
+            "superseded by a newer reader for rank {}",
+            self.rank
+        ))
+    }
+
+    /// A batch a superseded consumer left, if any; an error if this one was superseded.
+    fn take_pending(&self) -> Result<Option<RankBatch>, ServeError> {
+        let mut slot = self.run.slot(self.rank);
+        if slot.generation != self.attached.generation {
+            return Err(self.superseded());
+        }
+        while let Some(rb) = slot.pending.pop_front() {
+            if let Some(rb) = self.run.deliver(&mut slot, rb, self.start_step) {
+                return Ok(Some(rb));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The next batch to send; `None` once the run has sent its last.
+    async fn next_batch(&mut self) -> Option<Result<RankBatch, ServeError>> {
+        if let Some(rb) = self.attached.replay.pop_front() {
+            return Some(Ok(rb));
+        }
+        let cancel = self.attached.cancel.clone();
+        loop {
+            if let Some(rb) = self.take_pending().transpose() {
+                return Some(rb);
+            }
+            // One consumer receives at a time; the one before may still hold the queue
+            // for a moment after it was superseded.
+            let mut queue = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Some(Err(self.superseded())),
+                q = self.attached.queue.clone().lock_owned() => q,
+            };
+            if let Some(rb) = self.take_pending().transpose() {
+                return Some(rb);
+            }
+            let waited = Instant::now();
+            let got = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Some(Err(self.superseded())),
+                got = queue.recv() => got,
+            };
+            let rank = self.rank.to_string();
+            metrics::gauge!(crate::metrics::RANK_STALL_SECONDS, "rank" => rank.clone())
+                .increment(waited.elapsed().as_secs_f64());
+            metrics::gauge!(crate::metrics::RANK_QUEUE_DEPTH, "rank" => rank)
+                .set(queue.len() as f64);
+            let mut slot = self.run.slot(self.rank);
+            match got {
+                // Superseded between the wait and now: the batch goes to the next one.
+                Some(rb) if slot.generation != self.attached.generation => {
+                    slot.pending.push_back(rb);
+                    return Some(Err(self.superseded()));
+                }
+                Some(rb) => {
+                    if let Some(rb) = self.run.deliver(&mut slot, rb, self.start_step) {
+                        return Some(Ok(rb));
+                    }
+                }
+                None => {
+                    // The run ended: all sent, or failed.
+                    slot.exhausted = true;
+                    drop(slot);
+                    self.release_if_exhausted();
+                    return self
+                        .run
+                        .errors
+                        .get()
+                        .map(|e| Err(ServeError::Internal(format!("pipeline failed: {e}"))));
+                }
+            }
+        }
+    }
+
+    /// Forgets the run once nothing more can come from it.
+    fn release_if_exhausted(&self) {
+        if let Some(runs) = self.runs.upgrade()
+            && self.run.exhausted()
+        {
+            lock(&runs).retain(|r| !Arc::ptr_eq(r, &self.run));
+        }
+    }
+
+    /// The next item of the stream; a stream of a known-length epoch never ends cleanly
+    /// before its last step (it ends with an error saying where to resume instead).
+    async fn next(&mut self) -> Option<Result<(BatchMeta, arrow::array::RecordBatch), ServeError>> {
+        if self.ended {
+            return None;
+        }
+        let steps = self.run.steps;
+        match self.next_batch().await {
+            // Steps come in order from `start_step`; a gap would be rows lost unseen.
+            Some(Ok(rb)) if rb.meta.step != self.next => {
+                self.ended = true;
+                Some(Err(ServeError::Internal(format!(
+                    "rank {}'s stream skipped from step {} to {}; reconnect with start_step {}",
+                    self.rank, self.next, rb.meta.step, self.next
+                ))))
+            }
+            Some(Ok(rb)) => {
+                self.next = rb.meta.step + 1;
+                let rank = self.rank.to_string();
+                metrics::counter!(crate::metrics::RANK_BATCHES, "rank" => rank.clone())
+                    .increment(1);
+                metrics::counter!(crate::metrics::RANK_BYTES, "rank" => rank)
+                    .increment(batch_bytes(rb.data()) as u64);
+                let mut meta = meta(&rb);
+                meta.last = steps == Some(self.next);
+                Some(Ok((meta, rb.batch.data)))
+            }
+            Some(Err(e)) => {
+                self.ended = true;
+                Some(Err(e))
+            }
+            None => {
+                self.ended = true;
+                let steps = steps.filter(|&n| self.next < n && self.start_step < n)?;
+                Some(Err(ServeError::Internal(format!(
+                    "rank {}'s stream ended at step {} of {steps}; reconnect with start_step {}",
+                    self.rank, self.next, self.next
+                ))))
+            }
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.run.detach(self.rank, self.attached.generation);
+    }
+}
+
+fn meta(rb: &RankBatch) -> BatchMeta {
+    BatchMeta {
+        epoch: rb.meta.epoch,
+        step: rb.meta.step,
+        rank: rb.meta.rank as u32,
+        rows: rb.data().num_rows() as u64,
+        padded_rows: rb.meta.padded_rows as u64,
+        state_version: rb.meta.state_version,
+        last: false,
+    }
+}

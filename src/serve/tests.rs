@@ -1,0 +1,141 @@
+//! Runs and their consumers without a dataflow: batches fed by hand.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
+use futures::StreamExt;
+use hydrant_flight::RankStream;
+use tokio::sync::mpsc::Sender;
+
+use super::run::Run;
+use super::stream::Consumer;
+use crate::delivery::{RankBatch, StepMeta};
+
+fn step(step: u64) -> RankBatch {
+    RankBatch {
+        meta: StepMeta {
+            epoch: 0,
+            step,
+            rank: 0,
+            world_size: 1,
+            padded_rows: 0,
+            state_version: 0,
+        },
+        batch: hydrant_operators::Batch {
+            seq: step,
+            data: RecordBatch::new_empty(Arc::new(Schema::empty())),
+        },
+    }
+}
+
+/// A run of one rank in an epoch of `len` steps, and the sender of its queue.
+fn run(len: u64) -> (Sender<RankBatch>, Arc<Run>) {
+    let (senders, run) = Run::new(0, 0, None, 1, Some(len), super::REPLAY_BYTES);
+    (senders.into_iter().flatten().next().unwrap(), run)
+}
+
+fn consumer(run: &Arc<Run>, start_step: u64) -> RankStream {
+    let attached = run.attach(0, start_step, true).unwrap();
+    Consumer::new(run.clone(), Default::default(), 0, start_step, attached).into_stream()
+}
+
+/// Feeds `steps` (the queue is bounded: the stream's reads make room), then ends it.
+fn feed(tx: Sender<RankBatch>, steps: &[u64]) {
+    let steps = steps.to_vec();
+    tokio::spawn(async move {
+        for s in steps {
+            tx.send(step(s)).await.unwrap();
+        }
+    });
+}
+
+async fn steps_of(s: RankStream) -> Vec<Result<u64, String>> {
+    s.map(|b| b.map(|(m, _)| m.step).map_err(|e| e.to_string()))
+        .collect()
+        .await
+}
+
+#[tokio::test]
+async fn a_stream_that_skips_or_ends_short_says_where_to_resume() {
+    let (tx, r) = run(3);
+    feed(tx, &[0, 2]);
+    let got = steps_of(consumer(&r, 0)).await;
+    assert_eq!(got[0], Ok(0));
+    let err = got[1].clone().unwrap_err();
+    assert!(
+        err.contains("skipped from step 1 to 2") && err.contains("start_step 1"),
+        "{err}"
+    );
+    assert_eq!(got.len(), 2);
+
+    let (tx, r) = run(3);
+    feed(tx, &[0, 1]);
+    let got = steps_of(consumer(&r, 0)).await;
+    let err = got[2].clone().unwrap_err();
+    assert!(
+        err.contains("ended at step 2 of 3") && err.contains("start_step 2"),
+        "{err}"
+    );
+
+    let (tx, r) = run(3);
+    feed(tx, &[0, 1, 2]);
+    let s = consumer(&r, 0);
+    let got: Vec<_> = s.map(|b| b.unwrap().0).collect().await;
+    assert_eq!(got.iter().map(|m| m.step).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(
+        got.iter().map(|m| m.last).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+}
+
+#[tokio::test]
+async fn a_new_reader_supersedes_a_waiting_one_and_gets_every_step_once() {
+    let (tx, r) = run(6);
+    let mut first = consumer(&r, 0);
+    tx.send(step(0)).await.unwrap();
+    tx.send(step(1)).await.unwrap();
+    assert_eq!(first.next().await.unwrap().unwrap().0.step, 0);
+    // The first stream waits on the queue when the second takes the rank from step 1
+    // (step 0 was sent but not finished, say).
+    let waiting = tokio::spawn(async move {
+        let a = first.next().await.unwrap().map(|b| b.0.step);
+        let b = first.next().await.unwrap().map(|b| b.0.step);
+        (a, b)
+    });
+    tokio::task::yield_now().await;
+    let second = consumer(&r, 1);
+    feed(tx, &[2, 3, 4, 5]);
+    let got = steps_of(second).await;
+    let (a, b) = waiting.await.unwrap();
+    // The first may have sent step 1 before it was superseded; never anything after.
+    let aborted = |x: &Result<u64, _>| {
+        x.as_ref()
+            .is_err_and(|e: &hydrant_flight::ServeError| e.to_string().contains("superseded"))
+    };
+    assert!(
+        matches!(a, Ok(1)) && aborted(&b) || aborted(&a),
+        "{a:?} {b:?}"
+    );
+    assert_eq!(got, (1..6).map(Ok).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_drain_keeps_the_queue_moving_and_hands_over_to_a_reader() {
+    let (tx, r) = run(8);
+    let attached = r.attach(0, u64::MAX, false).unwrap();
+    Consumer::new(r.clone(), Default::default(), 0, u64::MAX, attached).drain();
+    for s in 0..4 {
+        tx.send(step(s)).await.unwrap();
+    }
+    // Steps 0..4 went through the drain (the bounded queue took them all).
+    while r.slot(0).next_step < 3 {
+        tokio::task::yield_now().await;
+    }
+    assert!(r.attach(0, 0, true).is_none(), "drained steps are gone");
+    let at = r.slot(0).next_step.max(4);
+    let reader = consumer(&r, at);
+    feed(tx, &(4..8).collect::<Vec<_>>());
+    let got = steps_of(reader).await;
+    assert_eq!(got, (at..8).map(Ok).collect::<Vec<_>>());
+}
