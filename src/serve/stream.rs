@@ -124,7 +124,12 @@ impl Consumer {
                     return Some(Err(self.superseded()));
                 }
                 Some(rb) => {
-                    if let Some(rb) = self.run.deliver(&mut slot, rb, self.start_step) {
+                    let delivered = self.run.deliver(&mut slot, rb, self.start_step);
+                    if slot.exhausted {
+                        drop(slot);
+                        self.release_if_exhausted();
+                    }
+                    if let Some(rb) = delivered {
                         return Some(Ok(rb));
                     }
                 }
