@@ -29,7 +29,7 @@ mod client;
 mod service;
 mod ticket;
 
-pub use auth::{Auth, AuthError};
+pub use auth::{Auth, AuthError, DEFAULT_TTL, Denied, FAILURE_WINDOW, MAX_FAILURES, Role};
 pub use check::{Guarded, MAX_PUSH_ROWS, check_message, decode_guarded, quiet_decoder_panics};
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use service::{BatchMeta, FlightServer, RankStream, ServeError, Served, batch_bytes};

@@ -20,7 +20,10 @@ use serde::{Deserialize, Serialize};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::Auth;
+use crate::auth::{Auth, Denied, Role};
+
+/// How long a failed login waits before its answer.
+const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
 use crate::ticket::Ticket;
 
 /// Each batch message's `app_metadata` (JSON).
@@ -176,13 +179,11 @@ impl FlightServer {
             .await
     }
 
-    fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
+    /// Whether the call carries a live token whose user has `role` (always, without auth).
+    fn check<T>(&self, request: &Request<T>, role: Role) -> Result<(), Status> {
         match &self.auth {
             None => Ok(()),
-            Some(auth) if auth.allows(header(request)) => Ok(()),
-            Some(_) => Err(Status::unauthenticated(
-                "missing or wrong bearer token (handshake first)",
-            )),
+            Some(auth) => auth.check(header(request), role).map_err(denied),
         }
     }
 
@@ -253,6 +254,14 @@ impl FlightServer {
             )));
         }
         Ok((p, t))
+    }
+}
+
+fn denied(d: Denied) -> Status {
+    match d {
+        Denied::Unauthenticated(m) => Status::unauthenticated(m),
+        Denied::PermissionDenied(m) => Status::permission_denied(m),
+        Denied::Throttled(m) => Status::resource_exhausted(m),
     }
 }
 
@@ -427,9 +436,16 @@ impl FlightService for FlightServer {
         let Some(auth) = &self.auth else {
             return Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))));
         };
-        let bearer = auth
-            .handshake(header(&request))
-            .ok_or_else(|| Status::unauthenticated("wrong user or password"))?;
+        let peer = request.remote_addr().map(|a| a.ip());
+        let bearer = match auth.handshake(header(&request), peer) {
+            Ok(b) => b,
+            Err(d) => {
+                // Slows a guesser down on every connection; the per-peer count stops one
+                // that opens many.
+                tokio::time::sleep(FAILED_LOGIN_DELAY).await;
+                return Err(denied(d));
+            }
+        };
         let mut response =
             Response::new(Box::pin(stream::iter([Ok(reply)])) as Self::HandshakeStream);
         let value = bearer
@@ -443,7 +459,7 @@ impl FlightService for FlightServer {
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        self.check(&request)?;
+        self.check(&request, Role::Train)?;
         let infos: Vec<_> = self.pipelines.iter().map(|p| self.info(p)).collect();
         Ok(Response::new(Box::pin(stream::iter(infos))))
     }
@@ -452,7 +468,7 @@ impl FlightService for FlightServer {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.check(&request)?;
+        self.check(&request, Role::Train)?;
         let p = self.descriptor_pipeline(request.get_ref())?;
         Ok(Response::new(self.info(p)?))
     }
@@ -468,7 +484,7 @@ impl FlightService for FlightServer {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
-        self.check(&request)?;
+        self.check(&request, Role::Train)?;
         let p = self.descriptor_pipeline(request.get_ref())?;
         let options = IpcWriteOptions::default();
         let result = SchemaAsIpc::new(&p.schema(), &options)
@@ -481,7 +497,7 @@ impl FlightService for FlightServer {
         &self,
         request: Request<arrow_flight::Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
-        self.check(&request)?;
+        self.check(&request, Role::Train)?;
         let (p, t) = self.admit(&request.get_ref().ticket)?;
         let batches = p.open(t.rank, t.epoch, t.start_step)?;
         let end = BatchMeta {
@@ -504,7 +520,7 @@ impl FlightService for FlightServer {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        self.check(&request)?;
+        self.check(&request, Role::Ingest)?;
         let mut input = request.into_inner();
         let first = input
             .message()
@@ -583,7 +599,7 @@ impl FlightService for FlightServer {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        self.check(&request)?;
+        self.check(&request, Role::Ingest)?;
         Err(Status::unimplemented("DoExchange is not served"))
     }
 
@@ -591,7 +607,10 @@ impl FlightService for FlightServer {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
-        self.check(&request)?;
+        // Every action operates the server: `admin`. An unknown one is UNIMPLEMENTED to any
+        // authenticated user.
+        let known = ["status", "end_ingest"].contains(&request.get_ref().r#type.as_str());
+        self.check(&request, if known { Role::Admin } else { Role::Train })?;
         match request.get_ref().r#type.as_str() {
             "status" => {
                 let status = serde_json::json!({
@@ -623,7 +642,7 @@ impl FlightService for FlightServer {
         &self,
         request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        self.check(&request)?;
+        self.check(&request, Role::Train)?;
         let actions = [
             (
                 "status",

@@ -26,7 +26,9 @@ class Client:
             user, password = token
             try:
                 header = self._client.authenticate_basic_token(user, password)
-            except flight.FlightError as e:
+            # pyarrow raises some statuses (RESOURCE_EXHAUSTED) as ArrowInvalid, not
+            # FlightError.
+            except (flight.FlightError, pa.ArrowException) as e:
                 raise HydrantError(str(e)) from e
             self._options = flight.FlightCallOptions(headers=[header])
 
@@ -42,14 +44,20 @@ class Client:
 
     def schema(self, pipeline: str) -> pa.Schema:
         """The schema of the pipeline's batches."""
-        return self._client.get_schema(
-            flight.FlightDescriptor.for_path(pipeline), self._options
-        ).schema
+        try:
+            return self._client.get_schema(
+                flight.FlightDescriptor.for_path(pipeline), self._options
+            ).schema
+        except flight.FlightError as e:
+            raise HydrantError(str(e)) from e
 
     def status(self) -> dict:
         """The server's ``status`` action."""
-        results = self._client.do_action(flight.Action("status", b""), self._options)
-        return json.loads(next(iter(results)).body.to_pybytes())
+        try:
+            results = list(self._client.do_action(flight.Action("status", b""), self._options))
+        except flight.FlightError as e:
+            raise HydrantError(str(e)) from e
+        return json.loads(results[0].body.to_pybytes())
 
     def push(self, pipeline: str, data) -> list:
         """Pushes raw input rows (a Table or RecordBatches) into a pipeline declared with

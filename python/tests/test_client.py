@@ -95,6 +95,49 @@ def test_auth_accepted_and_rejected(serve, tmp_path):
         Client(s.uri).endpoints("criteo")
 
 
+def test_roles_expiry_and_throttled_logins(serve, tmp_path):
+    import time
+
+    tokens = tmp_path / "tokens"
+    # PERMISSION_DENIED is pyarrow's FlightUnauthorizedError ("unauthorized");
+    # UNAUTHENTICATED its FlightUnauthenticatedError.
+    tokens.write_text("# user:password [roles]\ntrainer:pw1 train\npusher:pw2 ingest\nops:pw3 admin\n")
+    s = serve("--token-file", tokens, "--token-ttl", "2s")
+    trainer = Client(s.uri, token=("trainer", "pw1"))
+    assert len(trainer.endpoints("criteo")) == 1
+    with pytest.raises(HydrantError, match="(?i)unauthorized.*user `trainer` lacks the `admin` role"):
+        trainer.status()
+    pusher = Client(s.uri, token=("pusher", "pw2"))
+    with pytest.raises(HydrantError, match="(?i)unauthorized.*user `pusher` lacks the `train` role"):
+        pusher.endpoints("criteo")
+    assert Client(s.uri, token=("ops", "pw3")).status()["pipelines"][0]["name"] == "criteo"
+    # Tokens expire: the call says to log in again.
+    time.sleep(2.2)
+    with pytest.raises(HydrantError, match="(?i)unauthenticated.*expired"):
+        trainer.endpoints("criteo")
+    assert len(Client(s.uri, token=("trainer", "pw1")).endpoints("criteo")) == 1
+    # Five wrong passwords from one address, and even the right one is refused a while.
+    for _ in range(5):
+        with pytest.raises(HydrantError, match="wrong user or password"):
+            Client(s.uri, token=("trainer", "guess"))
+    with pytest.raises(HydrantError, match="(?i)too many failed logins from 127.0.0.1"):
+        Client(s.uri, token=("trainer", "pw1"))
+
+
+def test_metrics_on_a_public_address_need_an_explicit_flag(data):
+    path, state = data
+    from conftest import BIN, PIPELINE
+    import subprocess
+
+    out = subprocess.run(
+        [str(BIN), "serve", "--pipeline", PIPELINE, "--input", path, "--state", state,
+         "--listen", "127.0.0.1:0", "--metrics-listen", "0.0.0.0:0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode != 0
+    assert "--metrics-listen 0.0.0.0:0 is not loopback" in out.stderr
+
+
 @pytest.mark.parametrize(
     "ticket, message",
     [

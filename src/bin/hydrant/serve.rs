@@ -23,10 +23,16 @@ pub(crate) struct ServeArgs {
     /// Address to listen on (port 0: any free port; the chosen one is printed).
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: String,
-    /// `user:password` lines; clients then authenticate (Basic, then a bearer token).
+    /// `user:password [roles]` lines (roles: a comma list of train, ingest, admin; all when
+    /// left out); clients then authenticate (Basic, then a bearer token per login).
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// Listen on a non-loopback address without a token file.
+    /// How long a bearer token lives after its login: seconds, or with a unit (`90s`,
+    /// `30m`, `24h`, `7d`).
+    #[arg(long, default_value = "24h", value_parser = parse_ttl)]
+    token_ttl: Duration,
+    /// Listen on a non-loopback address without a token file (and serve metrics, which
+    /// have no auth, on one).
     #[arg(long)]
     insecure_listen_any: bool,
     /// Largest message the server accepts, in bytes.
@@ -55,10 +61,21 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             "--listen {addr} is not loopback: give --token-file, or --insecure-listen-any"
         )));
     }
+    if let Some(m) = args.metrics_listen
+        && !m.ip().is_loopback()
+        && !args.insecure_listen_any
+    {
+        return Err(Error::Usage(format!(
+            "--metrics-listen {m} is not loopback and metrics have no auth: give \
+             --insecure-listen-any to serve them there anyway"
+        )));
+    }
     let auth = match &args.token_file {
-        Some(path) => {
-            Some(hydrant_flight::Auth::from_file(path).map_err(|e| Error::Usage(e.to_string()))?)
-        }
+        Some(path) => Some(
+            hydrant_flight::Auth::from_file(path)
+                .map_err(|e| Error::Usage(e.to_string()))?
+                .with_ttl(args.token_ttl),
+        ),
         None => None,
     };
     let spec = PipelineSpec::from_file(&args.common.pipeline)?;
@@ -157,6 +174,35 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             }
         }
     })
+}
+
+/// `90`, `90s`, `30m`, `24h` or `7d` as a duration of at least a second.
+fn parse_ttl(text: &str) -> std::result::Result<Duration, String> {
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "`{text}`: expected seconds, or a number with s, m, h or d"
+            ));
+        }
+    };
+    match digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+    {
+        Some(secs) if secs >= 1 => Ok(Duration::from_secs(secs)),
+        _ => Err(format!(
+            "`{text}`: expected a whole number of at least 1 second"
+        )),
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
