@@ -12,6 +12,7 @@ use arrow_flight::{FlightClient, FlightDescriptor, HandshakeRequest};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use futures::{Stream, StreamExt};
+use hydrant_operators::quoted;
 
 use crate::service::BatchMeta;
 use crate::ticket::Ticket;
@@ -64,20 +65,54 @@ pub struct Client {
 
 impl Client {
     /// Connects to `uri` (`http://host:port`, or `grpc://host:port` as pyarrow writes it).
+    /// A TLS server (`grpc+tls://`, `https://`) needs [`Client::connect_tls`].
     pub async fn connect(uri: &str) -> Result<Self, ClientError> {
+        Self::open(uri, None).await
+    }
+
+    /// Connects over TLS to `uri` (`grpc+tls://host:port` or `https://host:port`),
+    /// trusting the certificate authority `ca_pem` (PEM).
+    pub async fn connect_tls(uri: &str, ca_pem: &[u8]) -> Result<Self, ClientError> {
+        Self::open(uri, Some(ca_pem)).await
+    }
+
+    async fn open(uri: &str, ca_pem: Option<&[u8]>) -> Result<Self, ClientError> {
         let fail = |reason: String| ClientError::Connect {
             uri: uri.to_string(),
             reason,
         };
-        let http = match uri
-            .strip_prefix("grpc://")
-            .or(uri.strip_prefix("grpc+tcp://"))
-        {
-            Some(rest) => format!("http://{rest}"),
-            None => uri.to_string(),
+        let (scheme, rest) = uri
+            .split_once("://")
+            .ok_or_else(|| fail("expected scheme://host:port".into()))?;
+        let tls = match scheme {
+            "http" | "grpc" | "grpc+tcp" => false,
+            "https" | "grpc+tls" => true,
+            other => return Err(fail(format!("unknown scheme `{}`", quoted(other)))),
         };
-        let channel = tonic::transport::Endpoint::from_shared(http)
-            .map_err(|e| fail(e.to_string()))?
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!(
+            "{}://{rest}",
+            if tls { "https" } else { "http" }
+        ))
+        .map_err(|e| fail(e.to_string()))?;
+        match (tls, ca_pem) {
+            (true, Some(ca)) => {
+                let config = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+                endpoint = endpoint.tls_config(config).map_err(|e| fail(chain(&e)))?;
+            }
+            (true, None) => {
+                return Err(fail(
+                    "a TLS server: connect with Client::connect_tls and its CA".into(),
+                ));
+            }
+            (false, Some(_)) => {
+                return Err(fail(
+                    "a CA was given for a plaintext uri (use grpc+tls://)".into(),
+                ));
+            }
+            (false, None) => {}
+        }
+        let channel = endpoint
             .tcp_nodelay(true)
             // A rank's stream is a bulk transfer: large windows, as the server uses.
             .initial_stream_window_size(Some(16 << 20))
@@ -271,7 +306,7 @@ impl Steps {
 
 /// An error with its sources: tonic's transport errors say only "transport error" at the
 /// top.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

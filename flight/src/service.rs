@@ -18,6 +18,7 @@ use futures::FutureExt;
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Auth, Denied, Role};
@@ -140,6 +141,7 @@ pub struct FlightServer {
     pipelines: Vec<Arc<dyn Served>>,
     auth: Option<Auth>,
     max_message_bytes: usize,
+    tls: Option<ServerTlsConfig>,
 }
 
 impl FlightServer {
@@ -154,7 +156,20 @@ impl FlightServer {
             pipelines,
             auth,
             max_message_bytes,
+            tls: None,
         }
+    }
+
+    /// Serves over TLS (rustls) with this PEM certificate chain and private key; errs,
+    /// saying why, if they cannot be used.
+    pub fn with_tls(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, String> {
+        let config = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
+        // Built once here, so that a bad certificate or key is refused before serving.
+        tonic::transport::Server::builder()
+            .tls_config(config.clone())
+            .map_err(|e| crate::client::chain(&e))?;
+        self.tls = Some(config);
+        Ok(self)
     }
 
     /// Serves on `listener` until `shutdown` resolves, then lets in-flight calls finish.
@@ -163,11 +178,15 @@ impl FlightServer {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
-        let max = self.max_message_bytes;
+        let (max, tls) = (self.max_message_bytes, self.tls.clone());
         let service = FlightServiceServer::new(self)
             .max_decoding_message_size(max)
             .max_encoding_message_size(max.max(2 * MESSAGE_TARGET_BYTES));
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls)?;
+        }
+        builder
             // Large HTTP/2 windows: a rank's stream is a bulk transfer.
             .initial_stream_window_size(Some(16 << 20))
             .initial_connection_window_size(Some(64 << 20))

@@ -17,10 +17,19 @@ class Client:
 
     ``token`` is ``None``, or ``(user, password)`` for servers started with
     ``--token-file`` (Basic handshake, then a bearer token on every call).
+    For a server started with ``--tls-cert``, use a ``grpc+tls://`` uri and give
+    ``tls_root_certs``, the PEM bytes of the authority that signed its certificate
+    (the system's roots when left out).
     """
 
-    def __init__(self, uri: str, token: Union[None, Tuple[str, str]] = None):
-        self._client = flight.FlightClient(uri)
+    def __init__(
+        self,
+        uri: str,
+        token: Union[None, Tuple[str, str]] = None,
+        tls_root_certs: Union[None, bytes] = None,
+    ):
+        kw = {} if tls_root_certs is None else {"tls_root_certs": tls_root_certs}
+        self._client = flight.FlightClient(uri, **kw)
         self._options = flight.FlightCallOptions()
         if token is not None:
             user, password = token

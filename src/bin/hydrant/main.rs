@@ -205,11 +205,20 @@ impl DeliveryArgs {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        // Help and version go out whole; a bad argument is one line (clap's first, without
-        // its "error: " and the advice to try --help) and exit code 2.
+        // Help and version go out whole; a bad argument is one line (clap's first paragraph
+        // joined, e.g. "required arguments were not provided: --tls-key <TLS_KEY>", without
+        // the usage and the advice to try --help) and exit code 2.
         Err(e) if e.use_stderr() => {
             let text = e.to_string();
-            let line = text.lines().next().unwrap_or("bad arguments");
+            let paragraph: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let line = match paragraph.join(" ") {
+                l if l.is_empty() => "error: bad arguments".to_string(),
+                l => l,
+            };
             eprintln!("hydrant: {line} (see --help)");
             return ExitCode::from(2);
         }

@@ -35,6 +35,15 @@ pub(crate) struct ServeArgs {
     /// have no auth, on one).
     #[arg(long)]
     insecure_listen_any: bool,
+    /// Serve over TLS with this PEM certificate (chain); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Send tokens and passwords in clear on a non-loopback address (without TLS).
+    #[arg(long)]
+    insecure_plaintext: bool,
     /// Largest message the server accepts, in bytes.
     #[arg(long, default_value_t = 64 << 20, value_parser = super::int_in(1 << 10, i32::MAX as usize))]
     max_message_bytes: usize,
@@ -59,6 +68,16 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     if !addr.ip().is_loopback() && args.token_file.is_none() && !args.insecure_listen_any {
         return Err(Error::Usage(format!(
             "--listen {addr} is not loopback: give --token-file, or --insecure-listen-any"
+        )));
+    }
+    if !addr.ip().is_loopback()
+        && args.token_file.is_some()
+        && args.tls_cert.is_none()
+        && !args.insecure_plaintext
+    {
+        return Err(Error::Usage(format!(
+            "--listen {addr} is not loopback: passwords and tokens would cross the network in \
+             clear; give --tls-cert and --tls-key, or --insecure-plaintext"
         )));
     }
     if let Some(m) = args.metrics_listen
@@ -120,8 +139,16 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         )
     };
     hydrant_flight::quiet_decoder_panics();
-    let server =
+    let mut server =
         hydrant_flight::FlightServer::new(vec![Arc::new(served)], auth, args.max_message_bytes);
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path).map_err(|e| Error::Usage(format!("{flag} {}: {e}", path.display())))
+        };
+        server = server
+            .with_tls(&read("--tls-cert", cert)?, &read("--tls-key", key)?)
+            .map_err(|e| Error::Usage(format!("--tls-cert/--tls-key: {e}")))?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
