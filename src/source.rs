@@ -28,6 +28,8 @@ enum Format {
 
 struct InputFile {
     path: PathBuf,
+    /// Its size when opened: a later read of another size means it changed.
+    len: u64,
     format: Format,
     schema: SchemaRef,
 }
@@ -106,6 +108,11 @@ impl Inputs {
             batch_rows,
             projection,
         })
+    }
+
+    /// Every input file's path, in input order.
+    pub fn paths(&self) -> impl Iterator<Item = &std::path::Path> {
+        self.files.iter().map(|f| f.path.as_path())
     }
 
     /// The schema of the first input file, which the pipeline is checked against.
@@ -206,6 +213,13 @@ impl Inputs {
             reason: one_line(e),
         };
         let file = File::open(&f.path).map_err(|e| input_err(&e))?;
+        let len = file.metadata().map_err(|e| input_err(&e))?.len();
+        if len != f.len {
+            return Err(input_err(&format!(
+                "is {len} bytes, {} when it was opened: it was truncated or rewritten since",
+                f.len
+            )));
+        }
         let batches: Box<
             dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send,
         > = match &f.format {
@@ -477,15 +491,16 @@ fn open_file(path: &Path) -> Result<InputFile> {
         no_row_id(path, &schema)?;
         return Ok(InputFile {
             path: path.into(),
+            len: meta.len(),
             schema,
             format: Format::Parquet { reader },
         });
     }
     if n == 6 && &magic == b"ARROW1" {
-        return open_ipc(path, false);
+        return open_ipc(path, false, meta.len());
     }
     if n >= 4 && magic[..4] == [0xff; 4] {
-        return open_ipc(path, true);
+        return open_ipc(path, true, meta.len());
     }
     Err(err("not a Parquet or Arrow IPC file".into()))
 }
@@ -503,7 +518,7 @@ fn no_row_id(path: &Path, schema: &Schema) -> Result<()> {
 
 /// An Arrow IPC file or stream. Row counts are needed up front to number rows, and a
 /// stream has no footer to give them: both are counted here, reading one column.
-fn open_ipc(path: &Path, stream: bool) -> Result<InputFile> {
+fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile> {
     type Batches =
         Box<dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>>>;
     let what = if stream { "stream" } else { "file" };
@@ -535,6 +550,7 @@ fn open_ipc(path: &Path, stream: bool) -> Result<InputFile> {
         .map_err(|e| bad(&e))?;
     Ok(InputFile {
         path: path.into(),
+        len,
         schema,
         format: Format::Ipc { batch_rows, stream },
     })

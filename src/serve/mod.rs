@@ -69,6 +69,8 @@ pub struct ServedPipeline {
     schema: SchemaRef,
     /// The runs alive, of every epoch.
     runs: Arc<Runs>,
+    /// How errors name the input files (not by the server's paths).
+    redact: run::Redact,
 }
 
 /// Pushed input: how batches are featurized and cut as they arrive.
@@ -98,7 +100,7 @@ impl ServedPipeline {
         self.replay_bytes = bytes;
         if let Some(ingest) = &self.ingest {
             // Nothing was pushed yet: the run of pushed input starts over with the new size.
-            let (senders, run) = Run::new(0, 0, None, self.world(), None, bytes);
+            let (senders, run) = Run::new(0, 0, None, self.world(), None, bytes, Arc::from([]));
             lock(ingest).senders = Some(senders.into_iter().flatten().collect());
             *lock(&self.runs) = vec![run];
         }
@@ -116,7 +118,9 @@ impl ServedPipeline {
         workers: usize,
     ) -> crate::Result<Self> {
         let bound = plan.transformer(&state)?;
+        let redact = redaction(&inputs);
         Ok(ServedPipeline {
+            redact,
             name: name.to_string(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: Some(inputs),
@@ -146,7 +150,15 @@ impl ServedPipeline {
             &plan.output_schema(),
             state.version,
         )?;
-        let (senders, run) = Run::new(0, 0, None, delivery.plan.world_size(), None, REPLAY_BYTES);
+        let (senders, run) = Run::new(
+            0,
+            0,
+            None,
+            delivery.plan.world_size(),
+            None,
+            REPLAY_BYTES,
+            Arc::from([]),
+        );
         Ok(ServedPipeline {
             name: spec.name.clone(),
             schema: delivery_schema(&plan.output_schema()),
@@ -172,6 +184,7 @@ impl ServedPipeline {
             },
             workers: 1,
             runs: Arc::new(Mutex::new(vec![run])),
+            redact: Arc::from([]),
         })
     }
 
@@ -199,6 +212,7 @@ impl ServedPipeline {
             self.world(),
             Some(steps),
             self.replay_bytes,
+            self.redact.clone(),
         );
         let mut job = Job::new(
             inputs.clone(),
@@ -268,6 +282,37 @@ impl ServedPipeline {
         }
         Ok(())
     }
+}
+
+/// Each input file's server path and the name clients are told instead: its path below
+/// the folder all inputs share (the file name, for one file).
+fn redaction(inputs: &Inputs) -> run::Redact {
+    let paths: Vec<&std::path::Path> = inputs.paths().collect();
+    let common = paths.iter().skip(1).fold(
+        paths
+            .first()
+            .and_then(|p| p.parent())
+            .map(std::path::Path::to_path_buf),
+        |common, p| {
+            let mut c = common?;
+            while !p.starts_with(&c) {
+                c = c.parent()?.to_path_buf();
+            }
+            Some(c)
+        },
+    );
+    let mut pairs: Vec<(String, String)> = paths
+        .iter()
+        .map(|p| {
+            let short = common
+                .as_deref()
+                .and_then(|c| p.strip_prefix(c).ok())
+                .unwrap_or(p);
+            (p.display().to_string(), short.display().to_string())
+        })
+        .collect();
+    pairs.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
+    pairs.into()
 }
 
 /// Removes the runs `which` picks, ending their consumers.

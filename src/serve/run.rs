@@ -44,7 +44,12 @@ pub(super) struct Run {
     pub done: Arc<AtomicBool>,
     /// Bytes of sent batches each rank keeps.
     replay_bytes: usize,
+    /// The server's input paths and how a client is told them (see [`Run::failure`]).
+    redact: Redact,
 }
+
+/// Each input's path on the server and the name clients see instead, longest path first.
+pub(super) type Redact = Arc<[(String, String)]>;
 
 pub(super) struct Slot {
     /// Counts consumers: the one whose number this is receives, older ones stop.
@@ -85,6 +90,7 @@ impl Run {
         world: usize,
         steps: Option<u64>,
         replay_bytes: usize,
+        redact: Redact,
     ) -> (Vec<Option<Sender<RankBatch>>>, Arc<Run>) {
         let (senders, queues) = (0..world)
             .map(|r| {
@@ -121,8 +127,19 @@ impl Run {
             errors: ErrorSlot::default(),
             done: Arc::default(),
             replay_bytes,
+            redact,
         });
         (senders, run)
+    }
+
+    /// Why the run failed, if it did, naming inputs as the pipeline does, not by the
+    /// server's paths.
+    pub fn failure(&self) -> Option<String> {
+        let mut text = self.errors.get()?;
+        for (path, name) in self.redact.iter() {
+            text = text.replace(path.as_str(), name);
+        }
+        Some(text)
     }
 
     pub fn serves(&self, rank: usize) -> bool {

@@ -140,8 +140,7 @@ impl Consumer {
                     self.release_if_exhausted();
                     return self
                         .run
-                        .errors
-                        .get()
+                        .failure()
                         .map(|e| Err(ServeError::Internal(format!("pipeline failed: {e}"))));
                 }
             }
