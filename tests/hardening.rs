@@ -242,6 +242,23 @@ fn inputs_that_are_not_plain_files_or_change_while_read() {
     write_ipc(Path::new(&p("fewer.arrows")), &batches, true);
     let inputs = hydrant::source::Inputs::open(&[p("fewer.arrows").into()], 500).unwrap();
     write_ipc(Path::new(&p("fewer.arrows")), &fewer, true);
+    // Its size changed, so reading it fails at once; a rewrite of the same size would fail
+    // at its end, on the row count its footer gave.
+    let err = inputs.read(&inputs.units()[0]).err().unwrap().to_string();
+    assert!(
+        err.contains("when it was opened: it was truncated or rewritten"),
+        "{err}"
+    );
+    // The same size (the stream padded with zeros, which read as its end): the row count.
+    write_ipc(Path::new(&p("fewer.arrows")), &batches, true);
+    let inputs = hydrant::source::Inputs::open(&[p("fewer.arrows").into()], 500).unwrap();
+    let len = std::fs::metadata(p("fewer.arrows")).unwrap().len();
+    write_ipc(Path::new(&p("fewer.arrows")), &fewer, true);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(p("fewer.arrows"))
+        .unwrap();
+    f.set_len(len).unwrap();
     let read: Vec<_> = inputs.read(&inputs.units()[0]).unwrap().collect();
     let err = read.last().unwrap().as_ref().unwrap_err().to_string();
     assert!(
