@@ -1,5 +1,5 @@
 //! A pipeline served over Flight ([`hydrant_flight::Served`]): each epoch is delivered by
-//! *runs*, dataflows whose ranks are read by DoGet streams ([`run`], [`stream`]).
+//! *runs*, dataflows whose ranks are read by DoGet streams (`run.rs`, `stream.rs`).
 //!
 //! - The first DoGet of an epoch starts its *shared* run at that ticket's `start_step`;
 //!   the other ranks join it. Each rank keeps the last [`REPLAY_BYTES`] of batches it
