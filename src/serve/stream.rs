@@ -147,9 +147,11 @@ impl Consumer {
         }
     }
 
-    /// Forgets the run once nothing more can come from it.
+    /// Forgets the run once nothing more can come from it. Pushed input's one run is kept:
+    /// a rank that reconnects after its end gets a clean end, not an error.
     fn release_if_exhausted(&self) {
         if let Some(runs) = self.runs.upgrade()
+            && self.run.steps.is_some()
             && self.run.exhausted()
         {
             lock(&runs).retain(|r| !Arc::ptr_eq(r, &self.run));
