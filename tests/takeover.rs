@@ -49,6 +49,9 @@ fn ticket(world: u32, rank: u32, epoch: u64, start_step: u64) -> Ticket {
     }
 }
 
+/// The longest a reader waits for a step before the test fails.
+const STALL: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A trainer's record: the row ids of each step it finished, in the order it got them.
 type Record = Vec<(u64, Vec<u64>)>;
 
@@ -79,7 +82,11 @@ async fn read_paced(
     let mut client = Client::connect(uri).await?;
     let mut steps = client.steps(&t).await?;
     for _ in 0..limit {
-        match steps.next_step().await {
+        // A hang is a failure here, not a CI timeout.
+        let next = tokio::time::timeout(STALL, steps.next_step())
+            .await
+            .unwrap_or_else(|_| panic!("rank {} got no step within {STALL:?}", t.rank));
+        match next {
             Some(Ok(b)) => {
                 let last = b.meta.last;
                 record.push((b.meta.step, real_ids(&b)));
@@ -200,6 +207,74 @@ async fn going_back_to_an_old_step_and_forward_again_loses_nothing() {
     let (record, errors) = other.await.unwrap();
     assert!(errors.is_empty(), "{errors:?}");
     assert_exactly_once(&BTreeMap::from([(0, first), (1, record)]), ROWS);
+}
+
+/// A rank sent back to an old step (the shared run then lets its batches go) and then
+/// forward to a step the shared run had kept from before: served without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_an_old_step_then_to_one_kept_from_before_is_exact() {
+    const ROWS: u64 = 200_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[ROWS], 6);
+    let (_server, uri) = start(
+        &data,
+        &state,
+        &["--ranks", "2", "--batch-size", "1024", "--replay-mib", "1"],
+    );
+    let other = tokio::spawn(trainer(uri.clone(), 2, 1, 0));
+    let mut first = Record::new();
+    read(&uri, ticket(2, 0, 0, 0), 20, &mut first)
+        .await
+        .unwrap();
+    let mut again = Record::new();
+    read(&uri, ticket(2, 0, 0, 0), 3, &mut again).await.unwrap();
+    assert_eq!(again[..], first[..3]);
+    // Step 18 was in the shared run's replay before the rank went back.
+    first.truncate(18);
+    let mut rest = Record::new();
+    assert!(
+        read(&uri, ticket(2, 0, 0, 18), usize::MAX, &mut rest)
+            .await
+            .unwrap()
+    );
+    first.extend(rest);
+    let (record, errors) = other.await.unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_exactly_once(&BTreeMap::from([(0, first), (1, record)]), ROWS);
+}
+
+/// After every rank finished the epoch (its run is freed), a trainer that lost its last
+/// steps reconnects for them: it gets a run of its own, not a shared one that would wait on
+/// ranks that are done. Past the last step, the stream just ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_after_everyone_finished_is_served_alone() {
+    const ROWS: u64 = 50_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[ROWS], 7);
+    let (_server, uri) = start(&data, &state, &["--ranks", "2", "--batch-size", "500"]);
+    let ranks: Vec<_> = (0..2)
+        .map(|r| tokio::spawn(trainer(uri.clone(), 2, r, 0)))
+        .collect();
+    let mut records = BTreeMap::new();
+    for (r, t) in ranks.into_iter().enumerate() {
+        records.insert(r as u32, t.await.unwrap().0);
+    }
+    // It lost its last 30 steps (a shared run would fill rank 1's queue and wait).
+    let steps = records[&0].len() as u64;
+    let mut last = Record::new();
+    assert!(
+        read(&uri, ticket(2, 0, 0, steps - 30), usize::MAX, &mut last)
+            .await
+            .unwrap()
+    );
+    assert_eq!(last[..], records[&0][steps as usize - 30..]);
+    let mut none = Record::new();
+    assert!(
+        read(&uri, ticket(2, 1, 0, steps), usize::MAX, &mut none)
+            .await
+            .unwrap()
+    );
+    assert!(none.is_empty());
 }
 
 /// 8 live trainers and 8 stale readers (one per rank, from step 0, as a zombie pod would

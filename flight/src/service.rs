@@ -187,6 +187,10 @@ impl FlightServer {
             builder = builder.tls_config(tls)?;
         }
         builder
+            // A dead peer's streams are dropped (and their runs let go) within a minute,
+            // not when TCP gives up.
+            .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
             // Large HTTP/2 windows: a rank's stream is a bulk transfer.
             .initial_stream_window_size(Some(16 << 20))
             .initial_connection_window_size(Some(64 << 20))

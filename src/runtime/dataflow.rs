@@ -62,8 +62,43 @@ pub enum Output {
     Sink(SinkSpec),
     /// Rank `r`'s batches go to `feeds[r]`; ranks of other processes have none.
     Loaders(Vec<Option<LoaderFeed>>),
-    /// Rank `r`'s batches go to `channels[r]` as they are (`None`: discarded).
-    Channels(Vec<Option<tokio::sync::mpsc::Sender<RankBatch>>>),
+    /// Rank `r`'s batches go to `channels[r]` as they are (`None`: discarded), until the
+    /// token is cancelled (then the run ends, whether or not anyone receives).
+    Channels(Channels),
+}
+
+/// Per-rank queues and the token that stops a run feeding them.
+#[derive(Clone)]
+pub struct Channels {
+    /// Rank `r`'s queue, if this run serves it.
+    pub senders: Vec<Option<tokio::sync::mpsc::Sender<RankBatch>>>,
+    /// Cancelled when no one will read the queues again.
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+impl Channels {
+    /// Sends `rb` to its rank's queue, waiting for room, unless the run is stopped.
+    fn send(&self, rb: RankBatch) -> Result<()> {
+        let rank = rb.meta.rank;
+        let Some(tx) = &self.senders[rank] else {
+            return Ok(());
+        };
+        // Dataflow workers are threads of their own, never a tokio worker: waiting here is
+        // the backpressure. The wait also ends when the run is stopped, so that a run
+        // whose readers are gone (or stuck on a dead connection) cannot block forever.
+        let sent = futures::executor::block_on(async {
+            tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => false,
+                sent = tx.send(rb) => sent.is_ok(),
+            }
+        });
+        if sent {
+            Ok(())
+        } else {
+            Err(crate::loader::stopped_reading(rank))
+        }
+    }
 }
 
 /// What one run does.
@@ -211,7 +246,7 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
 enum WorkerSink {
     Batch(Box<dyn BatchSink>),
     Feeds(Vec<Option<LoaderFeed>>),
-    Channels(Vec<Option<tokio::sync::mpsc::Sender<RankBatch>>>),
+    Channels(Channels),
 }
 
 impl WorkerSink {
@@ -223,15 +258,7 @@ impl WorkerSink {
                 Some(feed) => feed.send(rb),
                 None => Ok(()),
             },
-            WorkerSink::Channels(c) => match &c[rb.meta.rank] {
-                Some(tx) => {
-                    let rank = rb.meta.rank;
-                    // Dataflow workers are threads of their own, never a tokio worker.
-                    tx.blocking_send(rb)
-                        .map_err(|_| crate::loader::stopped_reading(rank))
-                }
-                None => Ok(()),
-            },
+            WorkerSink::Channels(c) => c.send(rb),
         }
     }
 }

@@ -7,4 +7,4 @@ mod dataflow;
 mod fate;
 
 pub use cluster::{Cluster, JOIN_TIMEOUT};
-pub use dataflow::{Job, Output, Report, execute};
+pub use dataflow::{Channels, Job, Output, Report, execute};

@@ -24,7 +24,7 @@ use hydrant_operators::{FeaturePlan, FittedState, Transformer};
 use tokio::sync::mpsc::Sender;
 
 use crate::delivery::{Delivery, RankBatch, StreamCutter, delivery_schema};
-use crate::runtime::{self, Cluster, Job, Output};
+use crate::runtime::{self, Channels, Cluster, Job, Output};
 use crate::source::Inputs;
 use crate::spec::PipelineSpec;
 
@@ -71,6 +71,8 @@ pub struct ServedPipeline {
     runs: Arc<Runs>,
     /// How errors name the input files (not by the server's paths).
     redact: run::Redact,
+    /// Epochs that have had a shared run: later runs of them serve one rank each.
+    shared_epochs: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 /// Pushed input: how batches are featurized and cut as they arrive.
@@ -121,6 +123,7 @@ impl ServedPipeline {
         let redact = redaction(&inputs);
         Ok(ServedPipeline {
             redact,
+            shared_epochs: Mutex::default(),
             name: name.to_string(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: Some(inputs),
@@ -185,6 +188,7 @@ impl ServedPipeline {
             workers: 1,
             runs: Arc::new(Mutex::new(vec![run])),
             redact: Arc::from([]),
+            shared_epochs: Mutex::default(),
         })
     }
 
@@ -226,7 +230,10 @@ impl ServedPipeline {
                 start_step,
             },
         );
-        job.output = Some(Output::Channels(senders.clone()));
+        job.output = Some(Output::Channels(Channels {
+            senders: senders.clone(),
+            stop: run.stop.clone(),
+        }));
         job.errors = run.errors.clone();
         let cluster = Cluster::local(self.workers);
         // The thread holds the run's error slot and flag, never the run: a run forgotten
@@ -446,33 +453,44 @@ impl Served for ServedPipeline {
             return Ok(c.into_stream());
         }
         if self.ingest.is_some() {
-            return Err(ServeError::FailedPrecondition(format!(
-                "step {start_step} of rank {rank} is no longer held (pushed input is \
-                 delivered once; the last {} MiB per rank are kept for reconnects)",
-                self.replay_bytes >> 20
-            )));
+            let next = shared.as_ref().map_or(0, |s| s.next_step(rank));
+            return Err(ServeError::FailedPrecondition(if start_step > next {
+                format!(
+                    "step {start_step} of rank {rank} is not pushed yet (the next is {next}); \
+                     reconnect with start_step {next}"
+                )
+            } else {
+                format!(
+                    "step {start_step} of rank {rank} is no longer held (pushed input is \
+                     delivered once; the last {} MiB per rank are kept for reconnects)",
+                    self.replay_bytes >> 20
+                )
+            }));
         }
-        if let Some(p) = &private {
-            forget(&mut runs, |r| std::ptr::eq(r, &**p));
+        // Past the last step: nothing to run, the stream just says the epoch is over.
+        if start_step >= self.delivery.plan.steps() {
+            return Ok(Box::pin(futures::stream::empty()));
         }
-        // The shared run is past this step: the rank catches up on a run of its own, and
-        // the shared run drains it meanwhile so that the other ranks do not wait on it
-        // (a later reconnect within its replay can still take it back).
-        let only = match &shared {
-            Some(s) => {
-                if let Some(drain) = self.consumer(s, rank, u64::MAX, false) {
-                    drain.drain();
-                }
-                Some(rank)
-            }
-            None => None,
-        };
+        // The shared run is past this step (or over): the rank catches up on a run of its
+        // own. A second shared run of an epoch would wait on ranks that finished it.
+        let first = lock(&self.shared_epochs).insert(epoch);
+        let only = (!first || shared.is_some()).then_some(rank);
         self.make_room(&mut runs)?;
         let run = self.start(epoch, start_step, only)?;
         runs.push(run.clone());
         let c = self
             .consumer(&run, rank, start_step, true)
             .ok_or_else(|| ServeError::Internal("a new run refused its rank".into()))?;
+        if let Some(p) = &private {
+            forget(&mut runs, |r| std::ptr::eq(r, &**p));
+        }
+        // The shared run lets this rank's batches go meanwhile, so that the other ranks do
+        // not wait on it (a later reconnect within what it still holds can take it back).
+        if let Some(s) = &shared
+            && let Some(drain) = self.consumer(s, rank, u64::MAX, false)
+        {
+            drain.drain();
+        }
         Ok(c.into_stream())
     }
 

@@ -46,6 +46,8 @@ pub(super) struct Run {
     replay_bytes: usize,
     /// The server's input paths and how a client is told them (see [`Run::failure`]).
     redact: Redact,
+    /// Stops the dataflow feeding the queues (when the run is forgotten).
+    pub stop: CancellationToken,
 }
 
 /// Each input's path on the server and the name clients see instead, longest path first.
@@ -128,6 +130,7 @@ impl Run {
             done: Arc::default(),
             replay_bytes,
             redact,
+            stop: CancellationToken::new(),
         });
         (senders, run)
     }
@@ -181,6 +184,12 @@ impl Run {
         })
     }
 
+    /// The step `rank`'s queue (or what a superseded consumer left) yields next.
+    pub fn next_step(&self, rank: usize) -> u64 {
+        let slot = self.slot(rank);
+        slot.pending.front().map_or(slot.next_step, |b| b.meta.step)
+    }
+
     /// Ends the stream that reads `rank`, if one does (a drain stays). Returns whether
     /// the rank is now without a consumer.
     pub fn supersede_reader(&self, rank: usize) -> bool {
@@ -211,6 +220,10 @@ impl Run {
         // The epoch's last step: nothing more will come for this rank.
         slot.exhausted |= self.steps == Some(slot.next_step);
         if rb.meta.step < start_step {
+            // Skipped steps are gone: what is kept must run without a gap up to
+            // `next_step`, or a later attach inside it would replay across the gap.
+            slot.sent.clear();
+            slot.sent_bytes = 0;
             return None;
         }
         slot.sent_bytes += batch_bytes(rb.data());
@@ -238,8 +251,9 @@ impl Run {
         })
     }
 
-    /// Ends every consumer (the run is being forgotten).
+    /// Ends every consumer and the dataflow (the run is being forgotten).
     pub fn close(&self) {
+        self.stop.cancel();
         for slot in &self.slots {
             lock(slot).supersede();
         }
@@ -271,6 +285,7 @@ impl Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
+        self.stop.cancel();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(release_freed_memory)),
             Err(_) => release_freed_memory(),

@@ -136,8 +136,12 @@ impl Consumer {
                 None => {
                     // The run ended: all sent, or failed.
                     slot.exhausted = true;
+                    let superseded = slot.generation != self.attached.generation;
                     drop(slot);
                     self.release_if_exhausted();
+                    if superseded {
+                        return Some(Err(self.superseded()));
+                    }
                     return self
                         .run
                         .failure()
