@@ -532,11 +532,18 @@ impl FlightService for FlightServer {
             state_version: 0,
             last: true,
         };
-        Ok(Response::new(Box::pin(Encoder::new(
-            p.schema(),
-            batches,
-            end,
-        ))))
+        // Encoded in a task of its own, two messages ahead of the network: encoding the
+        // next step then overlaps sending this one.
+        let mut encoder = Encoder::new(p.schema(), batches, end);
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            while let Some(message) = encoder.next().await {
+                if tx.send(message).await.is_err() {
+                    return; // the client went away: dropping the encoder ends its stream
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(Rx(rx))))
     }
 
     async fn do_put(
