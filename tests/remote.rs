@@ -3,7 +3,6 @@
 //! that say what went wrong.
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::path::Path;
 
 use hydrant::loader::TrainingBatch;
@@ -16,20 +15,6 @@ const ROWS: u64 = 10_007;
 
 fn setup(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     folder_with_state(dir, &[ROWS], 11)
-}
-
-fn start(data: &Path, state: &Path, extra: &[&str]) -> (Server, String) {
-    let toml = criteo_toml();
-    let mut args: Vec<&OsStr> = vec![
-        "--pipeline".as_ref(),
-        toml.as_os_str(),
-        "--input".as_ref(),
-        data.as_os_str(),
-        "--state".as_ref(),
-        state.as_os_str(),
-    ];
-    args.extend(extra.iter().map(OsStr::new));
-    serve(&args)
 }
 
 /// (step, row ids, dense values) of every batch of every rank, ranks read concurrently.
@@ -78,7 +63,7 @@ fn remote_ranks_get_the_same_batches_as_in_process_ranks() {
         "--seed",
         "5",
     ];
-    let (_server, uri) = start(&data, &state, &extra);
+    let (_server, uri) = serve_criteo(&data, &state, &extra);
 
     let remote = Pipeline::connect(&uri, "criteo").unwrap();
     assert_eq!(remote.world_size(), 2);
@@ -117,7 +102,7 @@ fn a_step_over_one_message_is_one_batch_and_resume_starts_where_asked() {
     let dir = tempfile::tempdir().unwrap();
     let (data, state) = setup(dir.path());
     // 20,000 rows of Criteo are ~5 MB: over gRPC's 4 MiB, so the step goes as two messages.
-    let (_server, uri) = start(&data, &state, &["--ranks", "1", "--batch-size", "20000"]);
+    let (_server, uri) = serve_criteo(&data, &state, &["--ranks", "1", "--batch-size", "20000"]);
     let remote = Pipeline::connect(&uri, "criteo").unwrap();
     let all = record(remote.rank(0).unwrap().batches());
     assert_eq!(all.len(), 1);
@@ -131,7 +116,7 @@ fn a_step_over_one_message_is_one_batch_and_resume_starts_where_asked() {
         .collect();
     assert_eq!(real, (0..ROWS).collect::<Vec<_>>());
 
-    let (_server, uri) = start(&data, &state, &["--ranks", "1", "--batch-size", "1000"]);
+    let (_server, uri) = serve_criteo(&data, &state, &["--ranks", "1", "--batch-size", "1000"]);
     let remote = Pipeline::connect(&uri, "criteo").unwrap();
     let rest = record(remote.open(0, 0, 7).unwrap().batches());
     let steps: Vec<u64> = rest.iter().map(|(s, _, _)| *s).collect();
@@ -146,7 +131,7 @@ fn credentials_are_needed_and_used() {
     let (data, state) = setup(dir.path());
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, "alice:s3cret\n").unwrap();
-    let (_server, uri) = start(
+    let (_server, uri) = serve_criteo(
         &data,
         &state,
         &[
@@ -177,7 +162,7 @@ fn failures_name_what_went_wrong() {
 
     let dir = tempfile::tempdir().unwrap();
     let (data, state) = setup(dir.path());
-    let (mut server, uri) = start(&data, &state, &["--ranks", "2", "--batch-size", "100"]);
+    let (mut server, uri) = serve_criteo(&data, &state, &["--ranks", "2", "--batch-size", "100"]);
     let err = Pipeline::connect(&uri, "nope").unwrap_err().to_string();
     assert!(
         err.contains("NotFound") || err.contains("not found"),

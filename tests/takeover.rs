@@ -3,8 +3,6 @@
 //! exactly once per epoch, a superseded stream ends ABORTED, and memory stays flat.
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
-use std::path::Path;
 
 use arrow::array::AsArray;
 use arrow::datatypes::UInt64Type;
@@ -12,20 +10,6 @@ use hydrant_flight::{Client, ClientError, StepBatch, Ticket};
 
 mod common;
 use common::*;
-
-fn start(data: &Path, state: &Path, extra: &[&str]) -> (Server, String) {
-    let toml = criteo_toml();
-    let mut args: Vec<&OsStr> = vec![
-        "--pipeline".as_ref(),
-        toml.as_os_str(),
-        "--input".as_ref(),
-        data.as_os_str(),
-        "--state".as_ref(),
-        state.as_os_str(),
-    ];
-    args.extend(extra.iter().map(OsStr::new));
-    serve(&args)
-}
 
 /// The real (not padding) row ids of a step.
 fn real_ids(b: &StepBatch) -> Vec<u64> {
@@ -178,7 +162,7 @@ async fn going_back_to_an_old_step_and_forward_again_loses_nothing() {
     const ROWS: u64 = 200_000;
     let dir = tempfile::tempdir().unwrap();
     let (data, state) = folder_with_state(dir.path(), &[ROWS], 3);
-    let (_server, uri) = start(
+    let (_server, uri) = serve_criteo(
         &data,
         &state,
         &["--ranks", "2", "--batch-size", "1024", "--replay-mib", "1"],
@@ -216,7 +200,7 @@ async fn back_to_an_old_step_then_to_one_kept_from_before_is_exact() {
     const ROWS: u64 = 200_000;
     let dir = tempfile::tempdir().unwrap();
     let (data, state) = folder_with_state(dir.path(), &[ROWS], 6);
-    let (_server, uri) = start(
+    let (_server, uri) = serve_criteo(
         &data,
         &state,
         &["--ranks", "2", "--batch-size", "1024", "--replay-mib", "1"],
@@ -251,7 +235,7 @@ async fn a_reconnect_after_everyone_finished_is_served_alone() {
     const ROWS: u64 = 50_000;
     let dir = tempfile::tempdir().unwrap();
     let (data, state) = folder_with_state(dir.path(), &[ROWS], 7);
-    let (_server, uri) = start(&data, &state, &["--ranks", "2", "--batch-size", "500"]);
+    let (_server, uri) = serve_criteo(&data, &state, &["--ranks", "2", "--batch-size", "500"]);
     let ranks: Vec<_> = (0..2)
         .map(|r| tokio::spawn(trainer(uri.clone(), 2, r, 0)))
         .collect();
@@ -285,7 +269,7 @@ async fn stale_readers_are_aborted_and_live_trainers_finish_exactly_once() {
     const ROWS: u64 = 100_000;
     let dir = tempfile::tempdir().unwrap();
     let (data, state) = folder_with_state(dir.path(), &[ROWS], 4);
-    let (_server, uri) = start(
+    let (_server, uri) = serve_criteo(
         &data,
         &state,
         &["--ranks", "8", "--batch-size", "256", "--replay-mib", "1"],
@@ -347,7 +331,7 @@ async fn memory_stays_flat_over_100_epochs() {
     let dir = tempfile::tempdir().unwrap();
     let (data, state) = folder_with_state(dir.path(), &[ROWS], 5);
     let epochs = EPOCHS.to_string();
-    let (server, uri) = start(
+    let (server, uri) = serve_criteo(
         &data,
         &state,
         &[

@@ -306,3 +306,20 @@ pub fn serve(args: &[&std::ffi::OsStr]) -> (Server, String) {
     let addr = ready["listening"].as_str().unwrap().to_string();
     (Server(child), format!("http://{addr}"))
 }
+
+/// `hydrant serve` of `examples/criteo.toml` over `data` with the fitted `state`, plus
+/// `extra` arguments.
+pub fn serve_criteo(data: &Path, state: &Path, extra: &[&str]) -> (Server, String) {
+    use std::ffi::OsStr;
+    let toml = criteo_toml();
+    let mut args: Vec<&OsStr> = vec![
+        "--pipeline".as_ref(),
+        toml.as_os_str(),
+        "--input".as_ref(),
+        data.as_os_str(),
+        "--state".as_ref(),
+        state.as_os_str(),
+    ];
+    args.extend(extra.iter().map(OsStr::new));
+    serve(&args)
+}
