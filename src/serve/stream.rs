@@ -19,6 +19,8 @@ pub(super) struct Consumer {
     run: Arc<Run>,
     runs: Weak<Runs>,
     rank: usize,
+    /// `rank` as the metrics' label, made once rather than per batch.
+    label: String,
     start_step: u64,
     attached: Attached,
     /// Set once the stream has ended (with its last batch or an error).
@@ -39,6 +41,7 @@ impl Consumer {
             run,
             runs,
             rank,
+            label: rank.to_string(),
             start_step,
             attached,
             ended: false,
@@ -111,10 +114,9 @@ impl Consumer {
                 _ = cancel.cancelled() => return Some(Err(self.superseded())),
                 got = queue.recv() => got,
             };
-            let rank = self.rank.to_string();
-            metrics::gauge!(crate::metrics::RANK_STALL_SECONDS, "rank" => rank.clone())
+            metrics::gauge!(crate::metrics::RANK_STALL_SECONDS, "rank" => self.label.clone())
                 .increment(waited.elapsed().as_secs_f64());
-            metrics::gauge!(crate::metrics::RANK_QUEUE_DEPTH, "rank" => rank)
+            metrics::gauge!(crate::metrics::RANK_QUEUE_DEPTH, "rank" => self.label.clone())
                 .set(queue.len() as f64);
             let mut slot = self.run.slot(self.rank);
             match got {
@@ -180,10 +182,9 @@ impl Consumer {
             }
             Some(Ok(rb)) => {
                 self.next = rb.meta.step + 1;
-                let rank = self.rank.to_string();
-                metrics::counter!(crate::metrics::RANK_BATCHES, "rank" => rank.clone())
+                metrics::counter!(crate::metrics::RANK_BATCHES, "rank" => self.label.clone())
                     .increment(1);
-                metrics::counter!(crate::metrics::RANK_BYTES, "rank" => rank)
+                metrics::counter!(crate::metrics::RANK_BYTES, "rank" => self.label.clone())
                     .increment(batch_bytes(rb.data()) as u64);
                 let mut meta = meta(&rb);
                 meta.last = steps == Some(self.next);
