@@ -404,24 +404,51 @@ fn read_ipc_file(
 
 /// `len` bytes of `file` from `offset`, in a 64-byte aligned buffer; a file shorter than
 /// that (truncated since its footer was read) is an error.
+///
+/// `pread` by hand, into memory that is not zeroed first: `read_exact_at` needs an
+/// initialized slice, and zeroing a step-sized buffer only to overwrite it was a fifth of
+/// the reading thread's time when serving an Arrow file.
 fn read_at(
     file: &File,
     offset: u64,
     len: usize,
 ) -> std::result::Result<arrow::buffer::Buffer, arrow::error::ArrowError> {
-    use std::os::unix::fs::FileExt;
-    let mut buffer = arrow::buffer::MutableBuffer::from_len_zeroed(len);
-    file.read_exact_at(buffer.as_slice_mut(), offset)
-        .map_err(|e| {
-            arrow::error::ArrowError::IpcError(if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                format!(
+    use std::os::fd::AsRawFd;
+    let failed = |e: std::io::Error| arrow::error::ArrowError::IpcError(one_line(e));
+    let mut buffer = arrow::buffer::MutableBuffer::with_capacity(len);
+    let mut done = 0;
+    while done < len {
+        let at = libc::off_t::try_from(offset + done as u64)
+            .map_err(|_| failed(std::io::ErrorKind::InvalidInput.into()))?;
+        // SAFETY: `buffer` holds at least `len` bytes, so the `len - done` bytes from
+        // `done` on are inside its allocation; `pread` only writes them, and the file
+        // descriptor is `file`'s, open for as long as `file` is borrowed.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                buffer.as_mut_ptr().add(done).cast(),
+                len - done,
+                at,
+            )
+        };
+        match n {
+            0 => {
+                return Err(arrow::error::ArrowError::IpcError(format!(
                     "the file ends before byte {}: it was truncated or rewritten while read",
                     offset + len as u64
-                )
-            } else {
-                one_line(e)
-            })
-        })?;
+                )));
+            }
+            n if n > 0 => done += n as usize,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(failed(e));
+                }
+            }
+        }
+    }
+    // SAFETY: the loop wrote all `len` bytes, and `len` is within the capacity.
+    unsafe { buffer.set_len(len) };
     Ok(buffer.into())
 }
 

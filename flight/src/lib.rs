@@ -26,11 +26,14 @@
 mod auth;
 mod check;
 mod client;
+mod doget;
+mod encode;
 mod service;
 mod ticket;
 
 pub use auth::{Auth, AuthError, DEFAULT_TTL, Denied, FAILURE_WINDOW, MAX_FAILURES, Role};
 pub use check::{Guarded, MAX_PUSH_ROWS, check_message, decode_guarded, quiet_decoder_panics};
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
-pub use service::{BatchMeta, FlightServer, RankStream, ServeError, Served, batch_bytes};
+pub use encode::batch_bytes;
+pub use service::{BatchMeta, FlightServer, RankStream, ServeError, Served};
 pub use ticket::{Ticket, TicketError};

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
@@ -22,6 +22,8 @@ use tonic::transport::{Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Auth, Denied, Role};
+use crate::doget::Route;
+use crate::encode::Encoder;
 
 /// How long a failed login waits before its answer.
 const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
@@ -179,9 +181,11 @@ impl FlightServer {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
         let (max, tls) = (self.max_message_bytes, self.tls.clone());
-        let service = FlightServiceServer::new(self)
+        let server = Arc::new(self);
+        let generated = FlightServiceServer::from_arc(server.clone())
             .max_decoding_message_size(max)
             .max_encoding_message_size(max.max(2 * MESSAGE_TARGET_BYTES));
+        let service = Route::new(server, generated);
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = tls {
             builder = builder.tls_config(tls)?;
@@ -204,10 +208,31 @@ impl FlightServer {
 
     /// Whether the call carries a live token whose user has `role` (always, without auth).
     fn check<T>(&self, request: &Request<T>, role: Role) -> Result<(), Status> {
+        self.check_token(header(request), role)
+    }
+
+    /// Whether `token` (the `authorization` header) is live and its user has `role`.
+    pub(crate) fn check_token(&self, token: Option<&str>, role: Role) -> Result<(), Status> {
         match &self.auth {
             None => Ok(()),
-            Some(auth) => auth.check(header(request), role).map_err(denied),
+            Some(auth) => auth.check(token, role).map_err(denied),
         }
+    }
+
+    /// The messages of the rank stream a DoGet `ticket` asks for, checked.
+    pub(crate) fn open_rank(&self, ticket: &[u8]) -> Result<Encoder, Status> {
+        let (p, t) = self.admit(ticket)?;
+        let batches = p.open(t.rank, t.epoch, t.start_step)?;
+        let end = BatchMeta {
+            epoch: t.epoch,
+            step: t.start_step,
+            rank: t.rank,
+            rows: 0,
+            padded_rows: 0,
+            state_version: 0,
+            last: true,
+        };
+        Ok(Encoder::new(p.schema(), batches, end))
     }
 
     fn pipeline(&self, name: &str) -> Result<&Arc<dyn Served>, Status> {
@@ -318,124 +343,6 @@ impl<T> Stream for Rx<T> {
     }
 }
 
-/// Encodes a rank's stream as Flight messages, in the task that polls it (no thread of its
-/// own: the stream it reads never blocks). The schema goes first; a step larger than
-/// [`MESSAGE_TARGET_BYTES`] goes as several messages. A clean end whose last batch did not
-/// say `last` gets a zero-row batch whose metadata does (`end`, moved past the last step
-/// sent): every decoder reads that, while a message of metadata alone is read by arrow C++
-/// only with an empty IPC header, which arrow-rs rejects.
-struct Encoder {
-    schema: SchemaRef,
-    batches: RankStream,
-    end: BatchMeta,
-    /// Messages encoded and not yet yielded.
-    queued: std::collections::VecDeque<Result<FlightData, Status>>,
-    generator: IpcDataGenerator,
-    tracker: DictionaryTracker,
-    context: IpcWriteContext,
-    options: IpcWriteOptions,
-    /// Set once the input has ended (cleanly or not).
-    finished: bool,
-}
-
-impl Encoder {
-    fn new(schema: SchemaRef, batches: RankStream, end: BatchMeta) -> Self {
-        let options = IpcWriteOptions::default();
-        let first = FlightData::from(SchemaAsIpc::new(&schema, &options));
-        Encoder {
-            schema,
-            batches,
-            end,
-            queued: [Ok(first)].into(),
-            generator: IpcDataGenerator::default(),
-            tracker: DictionaryTracker::new(false),
-            context: IpcWriteContext::default(),
-            options,
-            finished: false,
-        }
-    }
-
-    /// Queues `batch`'s messages, each with `meta` as its `app_metadata`.
-    fn queue(&mut self, meta: &BatchMeta, batch: &RecordBatch) {
-        let metadata = Bytes::from(serde_json::to_vec(meta).unwrap_or_default());
-        for piece in split(batch) {
-            let encoded =
-                self.generator
-                    .encode(&piece, &mut self.tracker, &self.options, &mut self.context);
-            match encoded {
-                Ok((_, data)) => self.queued.push_back(Ok(
-                    FlightData::from(data).with_app_metadata(metadata.clone())
-                )),
-                Err(e) => {
-                    self.queued.push_back(Err(Status::internal(e.to_string())));
-                    self.finished = true;
-                    return;
-                }
-            }
-        }
-    }
-}
-
-impl Stream for Encoder {
-    type Item = Result<FlightData, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        loop {
-            if let Some(message) = this.queued.pop_front() {
-                return Poll::Ready(Some(message));
-            }
-            if this.finished {
-                return Poll::Ready(None);
-            }
-            match std::task::ready!(this.batches.poll_next_unpin(cx)) {
-                Some(Ok((meta, batch))) => {
-                    this.end.step = meta.step + 1;
-                    this.end.state_version = meta.state_version;
-                    if meta.last {
-                        this.end.last = false;
-                    }
-                    this.queue(&meta, &batch);
-                }
-                Some(Err(e)) => {
-                    this.finished = true;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
-                None => {
-                    this.finished = true;
-                    if this.end.last {
-                        let (end, empty) = (this.end, RecordBatch::new_empty(this.schema.clone()));
-                        this.queue(&end, &empty);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The bytes of a batch's rows, not of the buffers a slice shares with its parent.
-pub fn batch_bytes(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
-        .sum()
-}
-
-/// Slices `batch` into pieces of about [`MESSAGE_TARGET_BYTES`] (zero-copy).
-fn split(batch: &RecordBatch) -> Vec<RecordBatch> {
-    let bytes = batch_bytes(batch).max(1);
-    let rows = batch.num_rows();
-    if bytes <= MESSAGE_TARGET_BYTES || rows <= 1 {
-        return vec![batch.clone()];
-    }
-    let per = (rows * MESSAGE_TARGET_BYTES / bytes).max(1);
-    (0..rows)
-        .step_by(per)
-        .map(|at| batch.slice(at, per.min(rows - at)))
-        .collect()
-}
-
 type Boxed<T> = BoxStream<'static, Result<T, Status>>;
 
 #[tonic::async_trait]
@@ -516,34 +423,17 @@ impl FlightService for FlightServer {
         Ok(Response::new(result))
     }
 
+    /// Served by [`FlightServer::serve`]'s own route, which sends the same messages without
+    /// copying them; this is for a caller that mounts the generated service itself.
     async fn do_get(
         &self,
         request: Request<arrow_flight::Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         self.check(&request, Role::Train)?;
-        let (p, t) = self.admit(&request.get_ref().ticket)?;
-        let batches = p.open(t.rank, t.epoch, t.start_step)?;
-        let end = BatchMeta {
-            epoch: t.epoch,
-            step: t.start_step,
-            rank: t.rank,
-            rows: 0,
-            padded_rows: 0,
-            state_version: 0,
-            last: true,
-        };
-        // Encoded in a task of its own, two messages ahead of the network: encoding the
-        // next step then overlaps sending this one.
-        let mut encoder = Encoder::new(p.schema(), batches, end);
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
-        tokio::spawn(async move {
-            while let Some(message) = encoder.next().await {
-                if tx.send(message).await.is_err() {
-                    return; // the client went away: dropping the encoder ends its stream
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(Rx(rx))))
+        let encoder = self.open_rank(&request.get_ref().ticket)?;
+        Ok(Response::new(Box::pin(
+            encoder.map_ok(crate::encode::Message::into_flight_data),
+        )))
     }
 
     async fn do_put(
