@@ -141,16 +141,20 @@ def run_e2e(args, work):
 
 
 def run_flight(args):
+    """One stream, then four concurrent ones (hydrant: four ranks), on each side."""
     rows, pulls = str(args.flight_rows), "3" if args.smoke else "5"
-    runs = {"hydrant serve": [], "pyarrow C++ server": []}
+    runs = {}
     print("flight", flush=True)
     for _ in range(args.reps):
-        runs["hydrant serve"].append(measure([PY, PEERS / "hydrant_flight.py", HYDRANT, rows, pulls]))
-        runs["pyarrow C++ server"].append(measure([PY, PEERS / "flight_pyarrow.py", rows, pulls]))
-        for name, r in runs.items():
-            if r[-1]["rows"] != args.flight_rows:
-                raise RuntimeError(f"{name}: pulled {r[-1]['rows']} rows of {args.flight_rows}")
-            print(f"  {name:20} {r[-1]['median_gb_per_s']} GB/s", flush=True)
+        for streams in ("1", "4"):
+            x = "" if streams == "1" else f" x{streams}"
+            for name, cmd in ((f"hydrant serve{x}", [PEERS / "hydrant_flight.py", HYDRANT]),
+                              (f"pyarrow C++ server{x}", [PEERS / "flight_pyarrow.py"])):
+                r = measure([PY, *cmd, rows, pulls, streams])
+                if r["rows"] != args.flight_rows:
+                    raise RuntimeError(f"{name}: pulled {r['rows']} rows of {args.flight_rows}")
+                runs.setdefault(name, []).append(r)
+                print(f"  {name:24} {r['median_gb_per_s']} GB/s", flush=True)
     return runs
 
 

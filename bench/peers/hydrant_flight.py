@@ -2,7 +2,10 @@
 pipeline over an Arrow IPC file of the same label/dense/ids batches flight_pyarrow.py
 serves from memory), counting the same bytes.
 
-usage: python hydrant_flight.py HYDRANT_BIN [ROWS] [PULLS]   (prints one JSON line)
+usage: python hydrant_flight.py HYDRANT_BIN [ROWS] [PULLS] [STREAMS]   (prints one JSON line)
+
+With STREAMS > 1 the server serves that many ranks in 65,536 / STREAMS-row batches and one
+client per rank pulls concurrently (a pull is all of them; bytes/s counts them together).
 """
 import json
 import pathlib
@@ -15,11 +18,12 @@ import time
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from featurized import featurized_table, pull
+from featurized import featurized_table, pull_all
 
 binary = sys.argv[1]
 rows = int(sys.argv[2]) if len(sys.argv) > 2 else 31 * 65536
 pulls = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+streams = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 table = featurized_table(rows)
 tmp = pathlib.Path(tempfile.mkdtemp())
 data = tmp / "featurized.arrow"
@@ -41,19 +45,25 @@ columns = ["ids"]
 """)
 server = subprocess.Popen(
     [binary, "serve", "--pipeline", str(toml), "--input", str(data), "--listen", "127.0.0.1:0",
-     "--ranks", "1", "--batch-size", "65536"], stdout=subprocess.PIPE, text=True)
+     "--epochs", str(pulls), "--ranks", str(streams), "--batch-size", str(65536 // streams)], stdout=subprocess.PIPE,
+    text=True)
 try:
     ready = json.loads(server.stdout.readline())
-    client = fl.connect("grpc://" + ready["listening"])
-    ticket = fl.Ticket(json.dumps({"pipeline": "pass", "rank": 0, "world_size": 1}).encode())
+    clients = [fl.connect("grpc://" + ready["listening"]) for _ in range(streams)]
     rates, n, nbytes = [], 0, 0
-    for _ in range(pulls):
+    # Each pull is the next epoch, as a trainer reads them: all ranks of an epoch share one
+    # run (a second read of an epoch would be served as catch-up runs, one per rank).
+    for epoch in range(pulls):
+        pairs = [(c, fl.Ticket(json.dumps({"pipeline": "pass", "epoch": epoch, "rank": r,
+                                           "world_size": streams}).encode()))
+                 for r, c in enumerate(clients)]
         t0 = time.perf_counter()
-        n, nbytes = pull(client, ticket)
+        n, nbytes = pull_all(pairs)
         rates.append(nbytes / (time.perf_counter() - t0))
 finally:
     server.terminate()
     server.wait()
-print(json.dumps({"peer": "hydrant_flight", "rows": n, "bytes": nbytes,
+print(json.dumps({"peer": "hydrant_flight", "streams": streams, "rows": n, "bytes": nbytes,
                   "median_gb_per_s": round(statistics.median(rates) / 1e9, 3),
-                  "best_gb_per_s": round(max(rates) / 1e9, 3)}))
+                  "best_gb_per_s": round(max(rates) / 1e9, 3),
+                  "pulls_gb_per_s": [round(r / 1e9, 3) for r in rates]}))
