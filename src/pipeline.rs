@@ -118,6 +118,7 @@ impl RunOptions {
             epochs: self.epochs,
             start_epoch: self.start_epoch,
             start_step: self.start_step,
+            only: None,
         })
     }
 }

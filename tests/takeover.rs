@@ -245,13 +245,23 @@ async fn a_reconnect_after_everyone_finished_is_served_alone() {
     }
     // It lost its last 30 steps (a shared run would fill rank 1's queue and wait).
     let steps = records[&0].len() as u64;
+    let featurized = || async {
+        let status = Client::connect(&uri).await.unwrap().status().await.unwrap();
+        status["pipelines"][0]["rows_featurized"].as_u64().unwrap()
+    };
+    let before = featurized().await;
+    assert_eq!(before, ROWS, "the shared run featurized each row once");
     let mut last = Record::new();
     assert!(
         read(&uri, ticket(2, 0, 0, steps - 30), usize::MAX, &mut last)
             .await
             .unwrap()
     );
-    assert_eq!(last[..], records[&0][steps as usize - 30..]);
+    let lost = &records[&0][steps as usize - 30..];
+    assert_eq!(last[..], lost[..]);
+    // Its run featurized only rank 0's rows of those steps, not rank 1's beside them.
+    let rows: usize = lost.iter().map(|(_, ids)| ids.len()).sum();
+    assert_eq!(featurized().await - before, rows as u64);
     let mut none = Record::new();
     assert!(
         read(&uri, ticket(2, 1, 0, steps), usize::MAX, &mut none)

@@ -11,6 +11,7 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightClient, FlightDescriptor, HandshakeRequest};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use hydrant_operators::quoted;
 
@@ -163,6 +164,17 @@ impl Client {
                 Ticket::parse(bytes).map_err(|e| ClientError::Protocol(e.to_string()))
             })
             .collect()
+    }
+
+    /// The server's `status` action: JSON about each pipeline and its runs.
+    pub async fn status(&mut self) -> Result<serde_json::Value, ClientError> {
+        use futures::TryStreamExt;
+        let action = arrow_flight::Action::new("status", Bytes::new());
+        let replies: Vec<Bytes> = self.inner.do_action(action).await?.try_collect().await?;
+        let reply = replies
+            .first()
+            .ok_or_else(|| ClientError::Protocol("the status action returned nothing".into()))?;
+        serde_json::from_slice(reply).map_err(|e| ClientError::Protocol(format!("status: {e}")))
     }
 
     /// The stream a ticket names, one [`StepBatch`] per step.

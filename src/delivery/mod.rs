@@ -26,7 +26,7 @@ pub use assemble::Assembler;
 pub use batch::{IS_PADDING, RankBatch, StepMeta, delivery_schema};
 pub use own::own;
 pub use permute::Permutation;
-pub use piece::{Piece, split};
+pub use piece::{Piece, rank_rows, split, split_at};
 pub use place::PlaceRows;
 pub use plan::{EpochPlan, LastBatch, ORDER_VERSION, Ownership, Place, Placement};
 pub use stream::StreamCutter;
@@ -42,6 +42,9 @@ pub struct Delivery {
     pub start_epoch: u64,
     /// First step delivered in `start_epoch`.
     pub start_step: u64,
+    /// Deliver only this rank (a rank catching up alone): readers drop the other ranks'
+    /// rows before featurizing, and no worker assembles the other ranks.
+    pub only: Option<usize>,
 }
 
 impl Delivery {

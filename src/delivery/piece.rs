@@ -123,30 +123,25 @@ pub fn split(
     batch: &RecordBatch,
     out: &mut Vec<Piece>,
 ) {
-    let n = batch.num_rows();
-    let world = placement.world_size();
-    let mut by_rank: Vec<Vec<(u64, u32)>> = vec![Vec::new(); world];
-    let k = placement.window();
-    let mut row = 0;
-    while row < n {
-        // One window at a time, so that its permutation is made once.
-        let pos = first_pos + row as u64;
-        let start = placement.window_start(pos);
-        let end = (start + k).min(first_pos + n as u64);
-        let perm = placement
-            .shuffled()
-            .then(|| placement.window_permutation(epoch, start / k, (rows - start).min(k)));
-        for p in pos..end {
-            let i = match &perm {
-                Some(perm) => start + perm.apply(p - start),
-                None => p,
-            };
-            if deliver.contains(&i) {
-                by_rank[placement.rank_of(i)].push((i, (p - first_pos) as u32));
-            }
-        }
-        row = (end - first_pos) as usize;
-    }
+    let positions = first_pos..first_pos + batch.num_rows() as u64;
+    split_at(placement, epoch, rows, positions, &deliver, batch, out);
+}
+
+/// [`split`] for a batch whose rows sit at `positions` (ascending, one per row), not
+/// necessarily next to each other: a catch-up run reads on only its rank's rows.
+pub fn split_at(
+    placement: &Placement,
+    epoch: u64,
+    rows: u64,
+    positions: impl Iterator<Item = u64>,
+    deliver: &Range<u64>,
+    batch: &RecordBatch,
+    out: &mut Vec<Piece>,
+) {
+    let mut by_rank: Vec<Vec<(u64, u32)>> = vec![Vec::new(); placement.world_size()];
+    place_each(placement, epoch, rows, positions, deliver, |i, row| {
+        by_rank[placement.rank_of(i)].push((i, row as u32));
+    });
     for (rank, mut picks) in by_rank.into_iter().enumerate() {
         if picks.is_empty() {
             continue;
@@ -163,6 +158,57 @@ pub fn split(
             batch: batch.clone(),
             wire: OnceLock::new(),
         });
+    }
+}
+
+/// The rows (of a batch at positions `first_pos..first_pos + n` of `epoch`) that go to
+/// `rank`, in batch order: what a catch-up run for `rank` featurizes.
+pub fn rank_rows(
+    placement: &Placement,
+    epoch: u64,
+    rows: u64,
+    first_pos: u64,
+    n: usize,
+    deliver: &Range<u64>,
+    rank: usize,
+) -> Vec<u32> {
+    let mut mine = Vec::new();
+    let positions = first_pos..first_pos + n as u64;
+    place_each(placement, epoch, rows, positions, deliver, |i, row| {
+        if placement.rank_of(i) == rank {
+            mine.push(row as u32);
+        }
+    });
+    mine
+}
+
+/// Calls `f(index, row)` for each row (the `row`-th of `positions`, which ascend) whose
+/// output index is in `deliver`. A window's permutation is made once for its run of rows.
+fn place_each(
+    placement: &Placement,
+    epoch: u64,
+    rows: u64,
+    positions: impl Iterator<Item = u64>,
+    deliver: &Range<u64>,
+    mut f: impl FnMut(u64, usize),
+) {
+    let k = placement.window();
+    let mut window = (u64::MAX, None);
+    for (row, p) in positions.enumerate() {
+        let start = placement.window_start(p);
+        if start != window.0 {
+            let perm = placement
+                .shuffled()
+                .then(|| placement.window_permutation(epoch, start / k, (rows - start).min(k)));
+            window = (start, perm);
+        }
+        let i = match &window.1 {
+            Some(perm) => start + perm.apply(p - start),
+            None => p,
+        };
+        if deliver.contains(&i) {
+            f(i, row);
+        }
     }
 }
 

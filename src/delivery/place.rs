@@ -1,23 +1,27 @@
 //! The `place` operator: splits each featurized batch into pieces by destination rank.
 
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::UInt64Type;
 use timely::dataflow::StreamVec;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Operator;
 
-use hydrant_operators::Batch;
+use hydrant_operators::{Batch, ErrorSlot, ROW_ID};
 
 use super::Delivery;
-use super::piece::{Piece, split};
+use super::piece::{Piece, split, split_at};
 
 /// Places the rows of a stream of featurized batches, each stamped (`seq`) with the time
 /// of its first row ([`Delivery::time`]).
 pub trait PlaceRows<'s> {
-    /// One piece per rank that receives rows of a batch, at the batch's time.
-    fn place_rows(self, delivery: Delivery) -> StreamVec<'s, u64, Piece>;
+    /// One piece per rank that receives rows of a batch, at the batch's time. With
+    /// [`Delivery::only`], a batch holds only that rank's rows, not all of a run of
+    /// positions: their `row_id`s say where each sits.
+    fn place_rows(self, delivery: Delivery, errors: ErrorSlot) -> StreamVec<'s, u64, Piece>;
 }
 
 impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
-    fn place_rows(self, delivery: Delivery) -> StreamVec<'s, u64, Piece> {
+    fn place_rows(self, delivery: Delivery, errors: ErrorSlot) -> StreamVec<'s, u64, Piece> {
         self.unary(Pipeline, "Place", move |_, _| {
             let mut pieces = Vec::new();
             move |input, output| {
@@ -30,19 +34,45 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                             continue;
                         }
                         let (epoch, pos) = (b.seq / rows, b.seq % rows);
-                        split(
-                            plan.placement(),
-                            epoch,
-                            rows,
-                            pos,
-                            delivery.indices(epoch),
-                            &b.data,
-                            &mut pieces,
-                        );
+                        let deliver = delivery.indices(epoch);
+                        if delivery.only.is_none() {
+                            split(
+                                plan.placement(),
+                                epoch,
+                                rows,
+                                pos,
+                                deliver,
+                                &b.data,
+                                &mut pieces,
+                            );
+                        } else if let Some(ids) = row_ids(&b.data) {
+                            // Rows of one unit: positions follow row ids.
+                            let base = ids.first().copied().unwrap_or(0);
+                            let positions = ids.iter().map(|&id| pos + id.saturating_sub(base));
+                            let placement = plan.placement();
+                            split_at(
+                                placement,
+                                epoch,
+                                rows,
+                                positions,
+                                &deliver,
+                                &b.data,
+                                &mut pieces,
+                            );
+                        } else {
+                            errors.set("place", format!("a featurized batch has no `{ROW_ID}`"));
+                        }
                         session.give_iterator(pieces.drain(..));
                     }
                 });
             }
         })
     }
+}
+
+fn row_ids(batch: &RecordBatch) -> Option<&[u64]> {
+    let ids = batch
+        .column_by_name(ROW_ID)?
+        .as_primitive_opt::<UInt64Type>()?;
+    Some(ids.values())
 }

@@ -31,7 +31,9 @@ use timely::worker::Worker;
 
 use super::cluster::Cluster;
 use super::fate::{self, Fate};
-use crate::delivery::{Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own};
+use crate::delivery::{
+    Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own, rank_rows,
+};
 use crate::error::{Error, Result};
 use crate::loader::LoaderFeed;
 use crate::sink::{BatchSink, SinkSpec};
@@ -120,6 +122,9 @@ pub struct Job {
     pub started: Instant,
     /// Rows featurized so far in this process (for progress reporting).
     pub progress: Arc<AtomicU64>,
+    /// Rows read and handed to featurization so far in this process (a catch-up run
+    /// featurizes only its rank's).
+    pub featurized: Arc<AtomicU64>,
     /// Where the run's first error is left (loaders pass it on to their trainers).
     pub errors: ErrorSlot,
 }
@@ -144,6 +149,7 @@ impl Job {
             output: None,
             started: Instant::now(),
             progress: Default::default(),
+            featurized: Default::default(),
             errors: ErrorSlot::default(),
         }
     }
@@ -336,13 +342,13 @@ fn run_worker(
         workers,
     };
     let mine: Vec<usize> = (0..world)
-        .filter(|&r| ownership.worker(r) == index)
+        .filter(|&r| ownership.worker(r) == index && delivery.only.is_none_or(|o| o == r))
         .collect();
     worker.dataflow::<u64, _, _>(|scope| {
         let pieces = scope
             .input_from(&mut input)
             .featurize(transformer, errors.clone())
-            .place_rows(delivery.clone())
+            .place_rows(delivery.clone(), errors.clone())
             .exchange(move |p: &Piece| ownership.worker(p.rank) as u64);
         own(
             pieces,
@@ -441,8 +447,19 @@ fn read_epochs(
                     Ok(b) => b,
                     Err(e) => return errors.set("source", e),
                 };
-                b.seq = d.time(epoch, pos + offset);
-                offset += b.data.num_rows() as u64;
+                let (mut first, n) = (pos + offset, b.data.num_rows());
+                offset += n as u64;
+                if let Some(rank) = d.only {
+                    let _running = hydrant_operators::running::enter("source");
+                    match rows_of(d, epoch, first, rank, b.data) {
+                        Ok(Some((skipped, data))) => (first, b.data) = (first + skipped, data),
+                        Ok(None) => continue,
+                        Err(e) => return errors.set("source", e),
+                    }
+                }
+                b.seq = d.time(epoch, first);
+                job.featurized
+                    .fetch_add(b.data.num_rows() as u64, Ordering::Relaxed);
                 let time = b.seq;
                 input.advance_to(time);
                 input.send(b);
@@ -458,6 +475,36 @@ fn read_epochs(
             }
         }
     }
+}
+
+/// Only `rank`'s rows of `data` (positions `first..` of `epoch`), and how many rows before
+/// the first of them were left out; `None` if it has none.
+fn rows_of(
+    d: &Delivery,
+    epoch: u64,
+    first: u64,
+    rank: usize,
+    data: arrow::array::RecordBatch,
+) -> Result<Option<(u64, arrow::array::RecordBatch)>> {
+    let (placement, n) = (d.plan.placement(), data.num_rows());
+    let keep = rank_rows(
+        placement,
+        epoch,
+        d.plan.rows(),
+        first,
+        n,
+        &d.indices(epoch),
+        rank,
+    );
+    Ok(match keep.first() {
+        None => None,
+        Some(_) if keep.len() == n => Some((0, data)),
+        Some(&skipped) => {
+            let keep = arrow::array::UInt32Array::from(keep);
+            let data = arrow::compute::take_record_batch(&data, &keep)?;
+            Some((skipped as u64, data))
+        }
+    })
 }
 
 /// Fits the plan: every worker reads its share, then all partial statistics are broadcast

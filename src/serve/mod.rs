@@ -73,6 +73,9 @@ pub struct ServedPipeline {
     redact: run::Redact,
     /// Epochs that have had a shared run: later runs of them serve one rank each.
     shared_epochs: Mutex<std::collections::BTreeSet<u64>>,
+    /// Rows the file runs have featurized, all runs together (a catch-up run adds only
+    /// its rank's rows).
+    featurized: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Pushed input: how batches are featurized and cut as they arrive.
@@ -124,6 +127,7 @@ impl ServedPipeline {
         Ok(ServedPipeline {
             redact,
             shared_epochs: Mutex::default(),
+            featurized: Default::default(),
             name: name.to_string(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: Some(inputs),
@@ -189,6 +193,7 @@ impl ServedPipeline {
             runs: Arc::new(Mutex::new(vec![run])),
             redact: Arc::from([]),
             shared_epochs: Mutex::default(),
+            featurized: Default::default(),
         })
     }
 
@@ -228,6 +233,7 @@ impl ServedPipeline {
                 epochs: epoch + 1,
                 start_epoch: epoch,
                 start_step,
+                only,
             },
         );
         job.output = Some(Output::Channels(Channels {
@@ -235,6 +241,7 @@ impl ServedPipeline {
             stop: run.stop.clone(),
         }));
         job.errors = run.errors.clone();
+        job.featurized = self.featurized.clone();
         let cluster = Cluster::local(self.workers);
         // The thread holds the run's error slot and flag, never the run: a run forgotten
         // drops its queues, and the dataflow stops at its next send.
@@ -504,6 +511,7 @@ impl Served for ServedPipeline {
             "steps_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.steps()),
             "rows_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.rows()),
             "state_version": self.state.version,
+            "rows_featurized": self.featurized.load(Ordering::Relaxed),
             "pushed": self.ingest.as_ref().map(|_| {
                 let p = &self.pushed;
                 serde_json::json!({

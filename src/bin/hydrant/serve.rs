@@ -284,6 +284,7 @@ fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serv
         epochs: 1,
         start_epoch: 0,
         start_step: 0,
+        only: None,
     };
     hydrant::serve::ServedPipeline::ingest(spec, state, delivery).map_err(|e| match e {
         Error::Op(op) => Error::State {
