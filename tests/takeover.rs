@@ -385,3 +385,44 @@ async fn memory_stays_flat_over_100_epochs() {
         "RSS grew from {after_two} KiB to {after_all} KiB"
     );
 }
+
+/// A trainer that goes away mid-epoch, and never comes back, does not leave its run behind:
+/// after `--idle-timeout` the server forgets it (its batches and threads let go), and a
+/// trainer that does come back later is still served exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_run_is_forgotten_after_the_idle_timeout() {
+    const ROWS: u64 = 50_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[ROWS], 8);
+    let (_server, uri) = serve_criteo(
+        &data,
+        &state,
+        &["--ranks", "2", "--batch-size", "500", "--idle-timeout", "1"],
+    );
+    let runs = || async {
+        let status = Client::connect(&uri).await.unwrap().status().await.unwrap();
+        status["pipelines"][0]["runs"].as_array().unwrap().len()
+    };
+    let mut first = Record::new();
+    assert!(!read(&uri, ticket(2, 0, 0, 0), 3, &mut first).await.unwrap());
+    assert_eq!(runs().await, 1);
+    let deadline = std::time::Instant::now() + STALL;
+    while runs().await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle run was kept"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let other = tokio::spawn(trainer(uri.clone(), 2, 1, 0));
+    let mut rest = Record::new();
+    assert!(
+        read(&uri, ticket(2, 0, 0, 3), usize::MAX, &mut rest)
+            .await
+            .unwrap()
+    );
+    first.extend(rest);
+    let (record, errors) = other.await.unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_exactly_once(&BTreeMap::from([(0, first), (1, record)]), ROWS);
+}

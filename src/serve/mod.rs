@@ -11,8 +11,9 @@
 //!   run, and goes back to the shared run when a reconnect finds its step there.
 //! - At most one stream reads an (epoch, rank): a new DoGet supersedes the stream before
 //!   it, which ends with ABORTED, never with a clean end.
-//! - A run is forgotten once every rank took its last batch, or when no one has read it
-//!   for [`IDLE_TIMEOUT`] and room is needed; at most [`max_runs`] live at once.
+//! - A run is forgotten once every rank took its last batch, or once no one has read it
+//!   for [`IDLE_TIMEOUT`] ([`ServedPipeline::sweep`], which the server calls every few
+//!   seconds); at most [`max_runs`] live at once.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,7 +41,8 @@ use stream::{Consumer, Runs};
 /// can have in flight (the HTTP/2 stream window and the encoder's queue).
 pub const REPLAY_BYTES: usize = 24 << 20;
 
-/// A run no stream has read for this long may be forgotten when room is needed.
+/// A run no stream has read for this long is forgotten (default of
+/// [`ServedPipeline::with_idle_timeout`]).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Runs kept at once for `world` ranks: two epochs' shared runs and a catch-up run per
@@ -58,6 +60,8 @@ pub struct ServedPipeline {
     ingest: Option<Mutex<Ingest>>,
     /// Bytes of sent batches each rank keeps for reconnects.
     replay_bytes: usize,
+    /// How long a run no one reads is kept.
+    idle_timeout: Duration,
     /// Pushed input's counts, readable while a producer holds `ingest` (it may wait there
     /// for queue space as long as no trainer reads: `status` must not).
     pushed: PushCounts,
@@ -112,6 +116,31 @@ impl ServedPipeline {
         self
     }
 
+    /// Forgets a run once no stream has read it for `timeout` (default [`IDLE_TIMEOUT`]).
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Forgets the runs no stream has read for the idle timeout, and returns how many:
+    /// a trainer that went away mid-epoch leaves its run's batches and threads behind
+    /// until then. (Pushed input's one run is never forgotten.)
+    pub fn sweep(&self) -> usize {
+        if self.ingest.is_some() {
+            return 0;
+        }
+        let mut runs = lock(&self.runs);
+        let before = runs.len();
+        forget(&mut runs, |r| r.idle_for(self.idle_timeout));
+        before - runs.len()
+    }
+
+    /// How often [`ServedPipeline::sweep`] should run: often enough that an idle run
+    /// outlives its timeout by a fraction of it.
+    pub fn sweep_every(&self) -> Duration {
+        (self.idle_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(30))
+    }
+
     /// A pipeline over `inputs` with `state` (already fitted), delivered as `delivery`
     /// says, each run on `workers` threads.
     pub fn new(
@@ -134,6 +163,7 @@ impl ServedPipeline {
             ingest: None,
             pushed: PushCounts::default(),
             replay_bytes: REPLAY_BYTES,
+            idle_timeout: IDLE_TIMEOUT,
             plan,
             state,
             bound,
@@ -172,6 +202,7 @@ impl ServedPipeline {
             inputs: None,
             pushed: PushCounts::default(),
             replay_bytes: REPLAY_BYTES,
+            idle_timeout: IDLE_TIMEOUT,
             ingest: Some(Mutex::new(Ingest {
                 featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
                 cutter,
@@ -279,11 +310,11 @@ impl ServedPipeline {
         ))
     }
 
-    /// Forgets runs no one has read for [`IDLE_TIMEOUT`]; then, while there are too many,
+    /// Forgets runs no one has read for the idle timeout; then, while there are too many,
     /// the unread ones, oldest first. Errs if every run is being read.
     fn make_room(&self, runs: &mut Vec<Arc<Run>>) -> Result<(), ServeError> {
         let max = max_runs(self.world());
-        forget(runs, |r| r.idle_for(IDLE_TIMEOUT));
+        forget(runs, |r| r.idle_for(self.idle_timeout));
         while runs.len() >= max {
             let Some(unread) = runs.iter().position(|r| !r.read()) else {
                 return Err(ServeError::ResourceExhausted(format!(

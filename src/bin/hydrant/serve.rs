@@ -51,6 +51,10 @@ pub(crate) struct ServeArgs {
     /// served by a new run).
     #[arg(long, default_value_t = 24, value_parser = super::int_in(0usize, 1 << 16))]
     replay_mib: usize,
+    /// Seconds a run no trainer reads is kept (its batches and threads are then let go; a
+    /// trainer that comes back later is served by a new run).
+    #[arg(long, default_value_t = 300, value_parser = super::int_in(1u64, 7 * 86_400))]
+    idle_timeout: u64,
     /// Export Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -126,7 +130,9 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             cluster.workers,
         )?
     }
-    .with_replay_bytes(args.replay_mib << 20);
+    .with_replay_bytes(args.replay_mib << 20)
+    .with_idle_timeout(Duration::from_secs(args.idle_timeout));
+    let served = Arc::new(served);
     let fit_s = started.elapsed().as_secs_f64();
     let (world_size, epochs, steps, rows) = {
         use hydrant_flight::Served;
@@ -140,7 +146,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     };
     hydrant_flight::quiet_decoder_panics();
     let mut server =
-        hydrant_flight::FlightServer::new(vec![Arc::new(served)], auth, args.max_message_bytes);
+        hydrant_flight::FlightServer::new(vec![served.clone()], auth, args.max_message_bytes);
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let read = |flag: &str, path: &PathBuf| {
             std::fs::read(path).map_err(|e| Error::Usage(format!("{flag} {}: {e}", path.display())))
@@ -179,6 +185,14 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         let _ = std::io::stdout().flush();
         // On SIGINT/SIGTERM stop accepting calls and let streams finish, but not forever:
         // a stream can wait on a rank no one reads.
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(served.sweep_every());
+            loop {
+                every.tick().await;
+                // Closing a run is quick (it cancels tokens); its threads end on their own.
+                served.sweep();
+            }
+        });
         let stop = Arc::new(tokio::sync::Notify::new());
         let stop2 = stop.clone();
         tokio::spawn(async move {
