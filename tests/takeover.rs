@@ -426,3 +426,54 @@ async fn an_abandoned_run_is_forgotten_after_the_idle_timeout() {
     assert!(errors.is_empty(), "{errors:?}");
     assert_exactly_once(&BTreeMap::from([(0, first), (1, record)]), ROWS);
 }
+
+/// The server killed (SIGKILL) mid-epoch and started again on the same files and state:
+/// each trainer reconnects at its last step + 1 and gets exactly the rest. Placement is a
+/// pure function of the seed, so the new server places every row as the old one did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainers_resume_exactly_on_a_restarted_server() {
+    const ROWS: u64 = 50_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[ROWS], 9);
+    let args = [
+        "--ranks",
+        "2",
+        "--batch-size",
+        "500",
+        "--shuffle",
+        "--seed",
+        "3",
+    ];
+    let (server, uri) = serve_criteo(&data, &state, &args);
+    let reads = (0..2u32).zip([6, 4]).map(|(rank, steps)| {
+        let uri = uri.clone();
+        tokio::spawn(async move {
+            let mut record = Record::new();
+            read(&uri, ticket(2, rank, 0, 0), steps, &mut record)
+                .await
+                .unwrap();
+            record
+        })
+    });
+    let mut records = Vec::new();
+    for r in reads.collect::<Vec<_>>() {
+        records.push(r.await.unwrap());
+    }
+    drop(server); // SIGKILL
+    let (_server, uri) = serve_criteo(&data, &state, &args);
+    let resumed = records.into_iter().enumerate().map(|(rank, mut record)| {
+        let uri = uri.clone();
+        tokio::spawn(async move {
+            let next = record.last().map_or(0, |(s, _)| s + 1);
+            let t = ticket(2, rank as u32, 0, next);
+            assert!(read(&uri, t, usize::MAX, &mut record).await.unwrap());
+            (rank as u32, record)
+        })
+    });
+    let mut records = BTreeMap::new();
+    for r in resumed.collect::<Vec<_>>() {
+        let (rank, record) = r.await.unwrap();
+        records.insert(rank, record);
+    }
+    assert_exactly_once(&records, ROWS);
+}
