@@ -35,5 +35,5 @@ pub use auth::{Auth, AuthError, DEFAULT_TTL, Denied, FAILURE_WINDOW, MAX_FAILURE
 pub use check::{Guarded, MAX_PUSH_ROWS, check_message, decode_guarded, quiet_decoder_panics};
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use encode::batch_bytes;
-pub use service::{BatchMeta, FlightServer, RankStream, ServeError, Served};
+pub use service::{Accepted, BatchMeta, FlightServer, Origin, RankStream, ServeError, Served};
 pub use ticket::{Ticket, TicketError};

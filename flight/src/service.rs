@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::IpcWriteOptions;
-use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::decode::{DecodedFlightData, DecodedPayload, FlightDataDecoder};
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
@@ -49,6 +49,29 @@ pub struct BatchMeta {
     /// the stream ends with a batch of no rows whose metadata says `rows` 0 and `last`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub last: bool,
+}
+
+/// Who pushed a batch: the producer a DoPut names (descriptor path `["ingest", pipeline,
+/// producer]`) and the batch's `seq` (its `app_metadata`, `{"seq": N}`), rising per
+/// producer. A batch whose producer already had that `seq` admitted is not admitted again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    /// The producer's name.
+    pub producer: String,
+    /// The batch's sequence number.
+    pub seq: u64,
+}
+
+/// What DoPut acknowledges for one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    /// The server's sequence number of the batch (`None` for a duplicate).
+    pub seq: Option<u64>,
+    /// Rows in the batch.
+    pub rows: u64,
+    /// The batch had been admitted before (its producer retried it): acknowledged again,
+    /// not admitted twice.
+    pub duplicate: bool,
 }
 
 /// Why a stream cannot be served; each maps to its gRPC status.
@@ -121,9 +144,9 @@ pub trait Served: Send + Sync + 'static {
     /// What `DoAction("status")` reports for it.
     fn status(&self) -> serde_json::Value;
 
-    /// Takes one pushed input batch (DoPut); returns its sequence number and rows. May
-    /// block while the ranks' queues are full (backpressure on the producer).
-    fn accept(&self, _batch: RecordBatch) -> Result<(u64, u64), ServeError> {
+    /// Takes one pushed input batch (DoPut), from `origin` when its producer named itself.
+    /// May block while the ranks' queues are full (backpressure on the producer).
+    fn accept(&self, _batch: RecordBatch, _origin: Option<Origin>) -> Result<Accepted, ServeError> {
         Err(ServeError::not_pushed(self.name()))
     }
 
@@ -320,6 +343,30 @@ fn header<T>(request: &Request<T>) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
+/// Longest producer name a DoPut may give.
+const MAX_PRODUCER_BYTES: usize = 200;
+
+/// The origin of a batch pushed by `producer` (if it named itself) with `metadata`.
+fn origin(producer: Option<&str>, metadata: &[u8]) -> Result<Option<Origin>, Status> {
+    let Some(producer) = producer else {
+        return Ok(None);
+    };
+    #[derive(Deserialize)]
+    struct Seq {
+        seq: u64,
+    }
+    let seq: Seq = serde_json::from_slice(metadata).map_err(|_| {
+        Status::invalid_argument(format!(
+            "producer `{}`: each batch's app_metadata must be {{\"seq\": N}}",
+            hydrant_operators::quoted(producer)
+        ))
+    })?;
+    Ok(Some(Origin {
+        producer: producer.to_string(),
+        seq: seq.seq,
+    }))
+}
+
 /// A message over the decoding limit is RESOURCE_EXHAUSTED, whatever code tonic chose.
 fn too_large(s: Status) -> Status {
     if s.message().contains("message length too large")
@@ -447,14 +494,27 @@ impl FlightService for FlightServer {
             .await
             .map_err(too_large)?
             .ok_or_else(|| Status::invalid_argument("DoPut stream is empty"))?;
-        let pipeline = match first.flight_descriptor.as_ref().map(|d| d.path.as_slice()) {
-            Some([ingest, name]) if ingest == "ingest" => self.pipeline(name)?.clone(),
+        let (pipeline, producer) = match first.flight_descriptor.as_ref().map(|d| d.path.as_slice())
+        {
+            Some([ingest, name]) if ingest == "ingest" => (self.pipeline(name)?.clone(), None),
+            Some([ingest, name, producer]) if ingest == "ingest" && !producer.is_empty() => {
+                (self.pipeline(name)?.clone(), Some(producer.clone()))
+            }
             _ => {
                 return Err(Status::invalid_argument(
-                    "DoPut descriptor path must be [\"ingest\", pipeline]",
+                    "DoPut descriptor path must be [\"ingest\", pipeline] or [\"ingest\", \
+                         pipeline, producer]",
                 ));
             }
         };
+        if producer
+            .as_ref()
+            .is_some_and(|p| p.len() > MAX_PRODUCER_BYTES)
+        {
+            return Err(Status::invalid_argument(format!(
+                "a producer name is at most {MAX_PRODUCER_BYTES} bytes"
+            )));
+        }
         let messages = stream::once(async { Ok(first) })
             .chain(input)
             .map(|m| {
@@ -464,7 +524,16 @@ impl FlightService for FlightServer {
                 Ok(m)
             })
             .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
-        let mut batches = FlightRecordBatchStream::new_from_flight_data(messages);
+        let mut batches = Box::pin(FlightDataDecoder::new(messages).filter_map(|d| async move {
+            match d {
+                Ok(DecodedFlightData {
+                    inner,
+                    payload: DecodedPayload::RecordBatch(batch),
+                }) => Some(Ok((batch, inner.app_metadata))),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            }
+        }));
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
             loop {
@@ -485,7 +554,7 @@ impl FlightService for FlightServer {
                         return;
                     }
                 };
-                let batch = match batch {
+                let (batch, metadata) = match batch {
                     Ok(b) => b,
                     Err(e) => {
                         let status = match e {
@@ -496,15 +565,25 @@ impl FlightService for FlightServer {
                         return;
                     }
                 };
+                let origin = match origin(producer.as_deref(), &metadata) {
+                    Ok(o) => o,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
                 let p = pipeline.clone();
-                let accepted = tokio::task::spawn_blocking(move || p.accept(batch))
+                let accepted = tokio::task::spawn_blocking(move || p.accept(batch, origin))
                     .await
                     .unwrap_or_else(|e| Err(ServeError::Internal(e.to_string())));
-                let reply = accepted.map_err(Status::from).map(|(seq, rows)| PutResult {
-                    app_metadata: Bytes::from(
-                        serde_json::to_vec(&serde_json::json!({"seq": seq, "rows": rows}))
-                            .unwrap_or_default(),
-                    ),
+                let reply = accepted.map_err(Status::from).map(|a| {
+                    let ack = match a.seq {
+                        Some(seq) => serde_json::json!({"seq": seq, "rows": a.rows}),
+                        None => serde_json::json!({"rows": a.rows, "duplicate": true}),
+                    };
+                    PutResult {
+                        app_metadata: Bytes::from(serde_json::to_vec(&ack).unwrap_or_default()),
+                    }
                 });
                 let failed = reply.is_err();
                 if tx.send(reply).await.is_err() || failed {

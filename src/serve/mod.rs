@@ -15,26 +15,29 @@
 //!   for [`IDLE_TIMEOUT`] ([`ServedPipeline::sweep`], which the server calls every few
 //!   seconds); at most [`max_runs`] live at once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use hydrant_flight::{RankStream, ServeError, Served};
 use hydrant_operators::{FeaturePlan, FittedState, Transformer};
-use tokio::sync::mpsc::Sender;
 
-use crate::delivery::{Delivery, RankBatch, StreamCutter, delivery_schema};
+use crate::delivery::{Delivery, StreamCutter, delivery_schema};
 use crate::runtime::{self, Channels, Cluster, Job, Output};
 use crate::source::Inputs;
 use crate::spec::PipelineSpec;
 
 mod push;
 mod run;
+mod spool;
 mod stream;
 
 pub use push::PushFeaturizer;
+use push::{Ingest, Pushed};
 use run::{Run, lock};
+pub use spool::SPOOL_FILE;
+use spool::Spool;
 use stream::{Consumer, Runs};
 
 /// Bytes of sent batches each rank keeps for a reconnecting trainer: more than a stream
@@ -57,14 +60,11 @@ pub struct ServedPipeline {
     /// The input files; `None` for pushed input.
     inputs: Option<Arc<Inputs>>,
     /// Pushed input's state; `None` for files.
-    ingest: Option<Mutex<Ingest>>,
+    ingest: Option<Arc<Pushed>>,
     /// Bytes of sent batches each rank keeps for reconnects.
     replay_bytes: usize,
     /// How long a run no one reads is kept.
     idle_timeout: Duration,
-    /// Pushed input's counts, readable while a producer holds `ingest` (it may wait there
-    /// for queue space as long as no trainer reads: `status` must not).
-    pushed: PushCounts,
     plan: Arc<FeaturePlan>,
     state: FittedState,
     bound: Transformer,
@@ -82,26 +82,6 @@ pub struct ServedPipeline {
     featurized: Arc<std::sync::atomic::AtomicU64>,
 }
 
-/// Pushed input: how batches are featurized and cut as they arrive.
-struct Ingest {
-    featurizer: PushFeaturizer,
-    cutter: StreamCutter,
-    /// Each rank's queue; `None` once the input is ended.
-    senders: Option<Vec<Sender<RankBatch>>>,
-    next_row: u64,
-    seq: u64,
-    dropped: u64,
-}
-
-/// What `status` reports of pushed input.
-#[derive(Default)]
-struct PushCounts {
-    rows_in: AtomicU64,
-    batches_in: AtomicU64,
-    dropped: AtomicU64,
-    ended: AtomicBool,
-}
-
 impl ServedPipeline {
     /// Keeps `bytes` of sent batches per rank (default [`REPLAY_BYTES`]) for trainers that
     /// reconnect; an older step is served by a new run.
@@ -110,10 +90,22 @@ impl ServedPipeline {
         if let Some(ingest) = &self.ingest {
             // Nothing was pushed yet: the run of pushed input starts over with the new size.
             let (senders, run) = Run::new(0, 0, None, self.world(), None, bytes, Arc::from([]));
-            lock(ingest).senders = Some(senders.into_iter().flatten().collect());
+            ingest.lock().senders = Some(senders.into_iter().flatten().collect());
             *lock(&self.runs) = vec![run];
         }
         self
+    }
+
+    /// Makes pushed input durable: each accepted batch is spooled to `dir` and synced
+    /// before it is acknowledged, and what an earlier server spooled there is admitted
+    /// again first, in the same order (on a thread of its own; pushes wait until it is
+    /// over). Files are replayable already: for them this does nothing.
+    pub fn with_state_dir(self, dir: &std::path::Path) -> crate::Result<Self> {
+        if let Some(ingest) = &self.ingest {
+            let (spool, records) = Spool::open(dir)?;
+            ingest.replay(spool, records, self.runs.clone());
+        }
+        Ok(self)
     }
 
     /// Forgets a run once no stream has read it for `timeout` (default [`IDLE_TIMEOUT`]).
@@ -161,7 +153,6 @@ impl ServedPipeline {
             schema: delivery_schema(&plan.output_schema()),
             inputs: Some(inputs),
             ingest: None,
-            pushed: PushCounts::default(),
             replay_bytes: REPLAY_BYTES,
             idle_timeout: IDLE_TIMEOUT,
             plan,
@@ -200,17 +191,19 @@ impl ServedPipeline {
             name: spec.name.clone(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: None,
-            pushed: PushCounts::default(),
             replay_bytes: REPLAY_BYTES,
             idle_timeout: IDLE_TIMEOUT,
-            ingest: Some(Mutex::new(Ingest {
+            ingest: Some(Arc::new(Pushed::new(Ingest {
                 featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
                 cutter,
                 senders: Some(senders.into_iter().flatten().collect()),
                 next_row: 0,
                 seq: 0,
                 dropped: 0,
-            })),
+                spool: None,
+                admitted: Default::default(),
+                replaying: false,
+            }))),
             plan,
             state,
             bound,
@@ -371,17 +364,6 @@ fn forget(runs: &mut Vec<Arc<Run>>, which: impl Fn(&Run) -> bool) {
     });
 }
 
-/// Hands each rank batch to its rank's queue, waiting while it is full.
-fn send_all(senders: &[Sender<RankBatch>], ranked: Vec<RankBatch>) -> Result<(), ServeError> {
-    for rb in ranked {
-        let rank = rb.meta.rank;
-        senders[rank]
-            .blocking_send(rb)
-            .map_err(|_| ServeError::Internal(format!("rank {rank}'s queue is closed")))?;
-    }
-    Ok(())
-}
-
 impl Served for ServedPipeline {
     fn name(&self) -> &str {
         &self.name
@@ -407,60 +389,23 @@ impl Served for ServedPipeline {
         }
     }
 
-    fn accept(&self, batch: arrow::array::RecordBatch) -> Result<(u64, u64), ServeError> {
-        let Some(ingest) = &self.ingest else {
-            return Err(ServeError::not_pushed(&self.name));
-        };
-        // Featurized under the lock, so that rows keep the order they were accepted in and
-        // a full rank queue holds every producer back. Called off the runtime's workers.
-        let mut guard = lock(ingest);
-        let st = &mut *guard;
-        let Some(senders) = &st.senders else {
-            return Err(ServeError::FailedPrecondition(format!(
-                "the input of `{}` was ended",
-                self.name
-            )));
-        };
-        let rows = batch.num_rows() as u64;
-        let featurized = st
-            .featurizer
-            .featurize(batch, st.next_row)
-            .inspect_err(|_| {
-                metrics::counter!(crate::metrics::PUSH_REJECTED, "reason" => "invalid").increment(1)
-            })?;
-        let mut ranked = Vec::new();
-        st.cutter
-            .push(featurized, &mut ranked)
-            .map_err(|e| ServeError::Internal(e.to_string()))?;
-        send_all(senders, ranked)?;
-        st.next_row += rows;
-        st.seq += 1;
-        self.pushed.rows_in.store(st.next_row, Ordering::Relaxed);
-        self.pushed.batches_in.store(st.seq, Ordering::Relaxed);
-        metrics::counter!(crate::metrics::PUSHED_ROWS).increment(rows);
-        Ok((st.seq - 1, rows))
+    fn accept(
+        &self,
+        batch: arrow::array::RecordBatch,
+        origin: Option<hydrant_flight::Origin>,
+    ) -> Result<hydrant_flight::Accepted, ServeError> {
+        match &self.ingest {
+            // Called off the runtime's workers: it may wait for queue space.
+            Some(ingest) => ingest.accept(batch, origin),
+            None => Err(ServeError::not_pushed(&self.name)),
+        }
     }
 
     fn end_input(&self) -> Result<(), ServeError> {
-        let Some(ingest) = &self.ingest else {
-            return Err(ServeError::not_pushed(&self.name));
-        };
-        let mut st = lock(ingest);
-        let Some(senders) = st.senders.take() else {
-            return Ok(()); // ended already
-        };
-        let mut ranked = Vec::new();
-        st.dropped = st
-            .cutter
-            .end(&mut ranked)
-            .map_err(|e| ServeError::Internal(e.to_string()))?;
-        send_all(&senders, ranked)?;
-        self.pushed.dropped.store(st.dropped, Ordering::Relaxed);
-        self.pushed.ended.store(true, Ordering::Relaxed);
-        for run in lock(&self.runs).iter() {
-            run.done.store(true, Ordering::SeqCst);
+        match &self.ingest {
+            Some(ingest) => ingest.end(&self.runs),
+            None => Err(ServeError::not_pushed(&self.name)),
         }
-        Ok(())
     }
 
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError> {
@@ -543,13 +488,16 @@ impl Served for ServedPipeline {
             "rows_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.rows()),
             "state_version": self.state.version,
             "rows_featurized": self.featurized.load(Ordering::Relaxed),
-            "pushed": self.ingest.as_ref().map(|_| {
-                let p = &self.pushed;
+            "pushed": self.ingest.as_ref().map(|i| {
+                let p = &i.counts;
                 serde_json::json!({
                     "rows_in": p.rows_in.load(Ordering::Relaxed),
                     "batches_in": p.batches_in.load(Ordering::Relaxed),
                     "ended": p.ended.load(Ordering::Relaxed),
                     "dropped_rows": p.dropped.load(Ordering::Relaxed),
+                    "duplicates": p.duplicates.load(Ordering::Relaxed),
+                    "durable": p.durable.load(Ordering::Relaxed),
+                    "replayed_records": p.replayed.load(Ordering::Relaxed),
                 })
             }),
             "runs": runs.iter().map(|r| r.status()).collect::<Vec<_>>(),

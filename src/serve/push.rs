@@ -3,13 +3,235 @@
 //! against the schema the server delivers — so a batch that would break the ranks' streams
 //! is refused whole, before it is acknowledged, and never affects the batches before it.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
-use hydrant_flight::ServeError;
+use hydrant_flight::{Accepted, Origin, ServeError};
 use hydrant_operators::{FittedState, ROW_ID, Transformer};
+use tokio::sync::mpsc::Sender;
 
+use super::run::lock;
+use super::spool::{Record, Spool};
+use super::stream::Runs;
+use crate::delivery::{RankBatch, StreamCutter};
 use crate::source::with_row_id;
 use crate::spec::PipelineSpec;
+
+/// Pushed input: its state behind one lock (rows keep the order they were accepted in, and
+/// a full rank queue holds every producer back), and counts `status` reads without it.
+pub(super) struct Pushed {
+    state: Mutex<Ingest>,
+    /// Signalled when the replay of the spool is over.
+    replayed: Condvar,
+    /// What `status` reports, readable while a producer holds the lock (it may wait there
+    /// for queue space as long as no trainer reads: `status` must not).
+    pub counts: PushCounts,
+}
+
+/// How batches are featurized, spooled and cut as they arrive.
+pub(super) struct Ingest {
+    pub featurizer: PushFeaturizer,
+    pub cutter: StreamCutter,
+    /// Each rank's queue; `None` once the input is ended.
+    pub senders: Option<Vec<Sender<RankBatch>>>,
+    pub next_row: u64,
+    pub seq: u64,
+    pub dropped: u64,
+    /// Where admitted batches are made durable (with `--state-dir`).
+    pub spool: Option<Spool>,
+    /// Each named producer's highest admitted `seq`.
+    pub admitted: HashMap<String, u64>,
+    /// The spool is being admitted again (after a restart): pushes wait.
+    pub replaying: bool,
+}
+
+/// What `status` reports of pushed input.
+#[derive(Default)]
+pub(super) struct PushCounts {
+    pub rows_in: AtomicU64,
+    pub batches_in: AtomicU64,
+    pub dropped: AtomicU64,
+    pub ended: AtomicBool,
+    pub duplicates: AtomicU64,
+    pub replayed: AtomicU64,
+    /// Whether admitted batches are spooled (`--state-dir`).
+    pub durable: AtomicBool,
+}
+
+impl Pushed {
+    pub fn new(ingest: Ingest) -> Self {
+        Pushed {
+            state: Mutex::new(ingest),
+            replayed: Condvar::new(),
+            counts: PushCounts::default(),
+        }
+    }
+
+    /// The state, once no replay is running.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Ingest> {
+        self.replayed
+            .wait_while(lock(&self.state), |st| st.replaying)
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits a pushed batch: checked and featurized, made durable (with a spool), cut
+    /// and handed to the ranks' queues (waiting while they are full). A batch its
+    /// producer had admitted already is acknowledged again, not admitted twice.
+    pub fn accept(
+        &self,
+        batch: RecordBatch,
+        origin: Option<Origin>,
+    ) -> Result<Accepted, ServeError> {
+        let mut guard = self.lock();
+        self.admit(&mut guard, batch, origin, true)
+    }
+
+    fn admit(
+        &self,
+        st: &mut Ingest,
+        batch: RecordBatch,
+        origin: Option<Origin>,
+        durable: bool,
+    ) -> Result<Accepted, ServeError> {
+        let rows = batch.num_rows() as u64;
+        if let Some(o) = &origin
+            && st
+                .admitted
+                .get(&o.producer)
+                .is_some_and(|&seq| o.seq <= seq)
+        {
+            self.counts.duplicates.fetch_add(1, Ordering::Relaxed);
+            return Ok(Accepted {
+                seq: None,
+                rows,
+                duplicate: true,
+            });
+        }
+        if st.senders.is_none() {
+            return Err(ServeError::FailedPrecondition(
+                "the pushed input was ended (end_ingest)".into(),
+            ));
+        }
+        let featurized = st
+            .featurizer
+            .featurize(batch.clone(), st.next_row)
+            .inspect_err(|_| {
+                metrics::counter!(crate::metrics::PUSH_REJECTED, "reason" => "invalid").increment(1)
+            })?;
+        if durable && let Some(spool) = &mut st.spool {
+            // Synced before the rows go anywhere: an acknowledged batch is on disk.
+            spool
+                .append(&Record::Batch(origin.clone(), batch))
+                .map_err(|e| ServeError::Internal(e.to_string()))?;
+        }
+        let mut ranked = Vec::new();
+        st.cutter
+            .push(featurized, &mut ranked)
+            .map_err(|e| ServeError::Internal(e.to_string()))?;
+        if let Some(senders) = &st.senders {
+            send_all(senders, ranked)?;
+        }
+        if let Some(o) = origin {
+            st.admitted.insert(o.producer, o.seq);
+        }
+        st.next_row += rows;
+        st.seq += 1;
+        self.counts.rows_in.store(st.next_row, Ordering::Relaxed);
+        self.counts.batches_in.store(st.seq, Ordering::Relaxed);
+        metrics::counter!(crate::metrics::PUSHED_ROWS).increment(rows);
+        Ok(Accepted {
+            seq: Some(st.seq - 1),
+            rows,
+            duplicate: false,
+        })
+    }
+
+    /// Ends the input: the last step is padded (or dropped) and every rank's stream ends.
+    pub fn end(&self, runs: &Runs) -> Result<(), ServeError> {
+        let mut guard = self.lock();
+        self.end_locked(&mut guard, runs, true)
+    }
+
+    fn end_locked(&self, st: &mut Ingest, runs: &Runs, durable: bool) -> Result<(), ServeError> {
+        let Some(senders) = st.senders.take() else {
+            return Ok(()); // ended already
+        };
+        if durable && let Some(spool) = &mut st.spool {
+            spool
+                .append(&Record::End)
+                .map_err(|e| ServeError::Internal(e.to_string()))?;
+        }
+        let mut ranked = Vec::new();
+        st.dropped = st
+            .cutter
+            .end(&mut ranked)
+            .map_err(|e| ServeError::Internal(e.to_string()))?;
+        send_all(&senders, ranked)?;
+        self.counts.dropped.store(st.dropped, Ordering::Relaxed);
+        self.counts.ended.store(true, Ordering::Relaxed);
+        for run in lock(runs).iter() {
+            run.done.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Admits `records` (read back from the spool) again, on a thread of its own: they
+    /// wait for trainers like any push. New pushes wait until it is over.
+    pub fn replay(self: &Arc<Self>, spool: Spool, records: Vec<Record>, runs: Arc<Runs>) {
+        self.counts.durable.store(true, Ordering::Relaxed);
+        {
+            let mut st = lock(&self.state);
+            st.spool = Some(spool);
+            if records.is_empty() {
+                return;
+            }
+            st.replaying = true;
+        }
+        let this = self.clone();
+        let replay = move || {
+            let mut st = lock(&this.state);
+            for r in records {
+                let admitted = match r {
+                    Record::Batch(origin, batch) => {
+                        this.admit(&mut st, batch, origin, false).map(|_| ())
+                    }
+                    Record::End => this.end_locked(&mut st, &runs, false),
+                };
+                if let Err(e) = admitted {
+                    // The spool's batches were checked when pushed; a pipeline changed
+                    // since may refuse them. Say so, and serve what came before.
+                    eprintln!("hydrant: replaying the spool stopped: {e}");
+                    break;
+                }
+                this.counts.replayed.fetch_add(1, Ordering::Relaxed);
+            }
+            st.replaying = false;
+            drop(st);
+            this.replayed.notify_all();
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("hydrant-replay".into())
+            .spawn(replay)
+        {
+            eprintln!("hydrant: cannot replay the spool: {e}");
+            lock(&self.state).replaying = false;
+        }
+    }
+}
+
+/// Hands each rank batch to its rank's queue, waiting while it is full.
+fn send_all(senders: &[Sender<RankBatch>], ranked: Vec<RankBatch>) -> Result<(), ServeError> {
+    for rb in ranked {
+        let rank = rb.meta.rank;
+        senders[rank]
+            .blocking_send(rb)
+            .map_err(|_| ServeError::Internal(format!("rank {rank}'s queue is closed")))?;
+    }
+    Ok(())
+}
 
 /// Featurizes pushed batches for one pipeline, binding a transformer per input schema seen
 /// (producers may differ in, say, integer widths).

@@ -55,6 +55,11 @@ pub(crate) struct ServeArgs {
     /// trainer that comes back later is served by a new run).
     #[arg(long, default_value_t = 300, value_parser = super::int_in(1u64, 7 * 86_400))]
     idle_timeout: u64,
+    /// With pushed input (`input = "flight"`): spool each accepted batch here, synced to
+    /// disk before it is acknowledged; a server restarted with the same folder delivers
+    /// them again, in the same steps. Without it, pushed input is at-most-once.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// Export Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -132,6 +137,18 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     }
     .with_replay_bytes(args.replay_mib << 20)
     .with_idle_timeout(Duration::from_secs(args.idle_timeout));
+    let served = match &args.state_dir {
+        Some(dir) => served.with_state_dir(dir)?,
+        None => {
+            if spec.input == hydrant::InputKind::Flight {
+                eprintln!(
+                    "hydrant: pushed input is at-most-once without --state-dir: rows \
+                     acknowledged but not yet delivered are lost if the server stops"
+                );
+            }
+            served
+        }
+    };
     let served = Arc::new(served);
     let fit_s = started.elapsed().as_secs_f64();
     let (world_size, epochs, steps, rows) = {
