@@ -68,10 +68,15 @@ class Client:
             raise HydrantError(str(e)) from e
         return json.loads(results[0].body.to_pybytes())
 
-    def push(self, pipeline: str, data) -> list:
+    def push(self, pipeline: str, data, producer: str = None, first_seq: int = 0) -> list:
         """Pushes raw input rows (a Table or RecordBatches) into a pipeline declared with
-        ``input = "flight"``; returns each batch's acknowledgement ``{"seq", "rows"}``."""
-        return _push(self._client, self._options, pipeline, data)
+        ``input = "flight"``; returns each batch's acknowledgement ``{"seq", "rows"}``.
+
+        A ``producer`` names itself and numbers its batches from ``first_seq``: a batch
+        whose number the server admitted before (a retry after a lost acknowledgement) is
+        acknowledged again with ``"duplicate": true`` and not admitted twice. A server
+        with ``--state-dir`` keeps that across restarts."""
+        return _push(self._client, self._options, pipeline, data, producer, first_seq)
 
     def end_ingest(self, pipeline: str) -> None:
         """Closes the pipeline's pushed input: the last step is padded, the epoch ends."""
@@ -128,17 +133,22 @@ class Client:
         )
 
 
-def _push(client, options, pipeline, data):
-    """DoPut of ``data`` (a Table or an iterable of RecordBatches) to ``pipeline``."""
+def _push(client, options, pipeline, data, producer=None, first_seq=0):
+    """DoPut of ``data`` (a Table or an iterable of RecordBatches) to ``pipeline``, as
+    ``producer`` numbering its batches from ``first_seq`` when one is named."""
     batches = data.to_batches() if isinstance(data, pa.Table) else list(data)
     if not batches:
         return []
-    descriptor = flight.FlightDescriptor.for_path("ingest", pipeline)
+    path = ("ingest", pipeline) + ((producer,) if producer is not None else ())
+    descriptor = flight.FlightDescriptor.for_path(*path)
     acks = []
     try:
         writer, reader = client.do_put(descriptor, batches[0].schema, options)
-        for b in batches:
-            writer.write_batch(b)
+        for seq, b in enumerate(batches, start=first_seq):
+            if producer is None:
+                writer.write_batch(b)
+            else:
+                writer.write_with_metadata(b, pa.py_buffer(json.dumps({"seq": seq}).encode()))
             ack = reader.read()
             acks.append(json.loads(ack.to_pybytes()) if ack is not None else None)
         writer.done_writing()

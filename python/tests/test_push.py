@@ -192,3 +192,44 @@ def test_status_and_other_calls_answer_while_a_producer_is_back_pressured(tmp_pa
         assert ids == list(range(table.num_rows))
     finally:
         s.stop()
+
+
+def test_a_producer_that_retries_is_acknowledged_once_per_batch(pushed):
+    server, table = pushed
+    client = Client(server.uri)
+    got = {}
+
+    def read(r):
+        got[r] = list(client.batches("criteo_hash", r, 2))
+
+    # Readers first: pushes wait for queue space.
+    readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(2)]
+    for t in readers:
+        t.start()
+    batches = table.slice(0, 6000).to_batches(max_chunksize=2000)
+    acks = client.push("criteo_hash", batches, producer="spark-7")
+    assert [a.get("duplicate") for a in acks] == [None] * 3
+    # Its acknowledgements were lost, say: it sends the last two and one new batch again.
+    more = table.slice(4000, 4000).to_batches(max_chunksize=2000)
+    again = client.push("criteo_hash", more, producer="spark-7", first_seq=2)
+    assert [a.get("duplicate") for a in again] == [True, None]
+    client.end_ingest("criteo_hash")
+    for t in readers:
+        t.join(timeout=60)
+    ids = sorted(i for r in got.values() for b in r for i in b.row_id[~b.mask].tolist())
+    assert ids == list(range(8000))
+    assert client.status()["pipelines"][0]["pushed"]["duplicates"] == 1
+
+
+def test_a_producer_without_a_seq_is_invalid(pushed):
+    import pyarrow.flight as flight
+
+    server, table = pushed
+    c = flight.FlightClient(server.uri)
+    descriptor = flight.FlightDescriptor.for_path("ingest", "criteo_hash", "p")
+    writer, reader = c.do_put(descriptor, table.schema)
+    with pytest.raises(Exception, match="INVALID_ARGUMENT|app_metadata must be"):
+        writer.write_table(table.slice(0, 100))
+        writer.done_writing()
+        reader.read()
+        writer.close()
