@@ -203,6 +203,7 @@ impl ServedPipeline {
                 spool: None,
                 admitted: Default::default(),
                 replaying: false,
+                replay_failed: None,
             }))),
             plan,
             state,

@@ -14,7 +14,7 @@ use hydrant_operators::{FittedState, ROW_ID, Transformer};
 use tokio::sync::mpsc::Sender;
 
 use super::run::lock;
-use super::spool::{Record, Spool};
+use super::spool::{Record, Replay, Spool};
 use super::stream::Runs;
 use crate::delivery::{RankBatch, StreamCutter};
 use crate::source::with_row_id;
@@ -46,6 +46,8 @@ pub(super) struct Ingest {
     pub admitted: HashMap<String, u64>,
     /// The spool is being admitted again (after a restart): pushes wait.
     pub replaying: bool,
+    /// Why the spool could not be admitted again: nothing more is taken on top of it.
+    pub replay_failed: Option<String>,
 }
 
 /// What `status` reports of pushed input.
@@ -97,6 +99,11 @@ impl Pushed {
         durable: bool,
     ) -> Result<Accepted, ServeError> {
         let rows = batch.num_rows() as u64;
+        if let Some(e) = &st.replay_failed {
+            return Err(ServeError::FailedPrecondition(format!(
+                "the spooled input could not be delivered again, so no more is taken: {e}"
+            )));
+        }
         if let Some(o) = &origin
             && st
                 .admitted
@@ -180,7 +187,7 @@ impl Pushed {
 
     /// Admits `records` (read back from the spool) again, on a thread of its own: they
     /// wait for trainers like any push. New pushes wait until it is over.
-    pub fn replay(self: &Arc<Self>, spool: Spool, records: Vec<Record>, runs: Arc<Runs>) {
+    pub fn replay(self: &Arc<Self>, spool: Spool, records: Replay, runs: Arc<Runs>) {
         self.counts.durable.store(true, Ordering::Relaxed);
         {
             let mut st = lock(&self.state);
@@ -195,15 +202,18 @@ impl Pushed {
             let mut st = lock(&this.state);
             for r in records {
                 let admitted = match r {
-                    Record::Batch(origin, batch) => {
+                    Ok(Record::Batch(origin, batch)) => {
                         this.admit(&mut st, batch, origin, false).map(|_| ())
                     }
-                    Record::End => this.end_locked(&mut st, &runs, false),
+                    Ok(Record::End) => this.end_locked(&mut st, &runs, false),
+                    Err(e) => Err(ServeError::Internal(e.to_string())),
                 };
                 if let Err(e) = admitted {
                     // The spool's batches were checked when pushed; a pipeline changed
-                    // since may refuse them. Say so, and serve what came before.
+                    // since may refuse them. Serve what came before, take nothing more
+                    // (it would go after rows never delivered), and say why.
                     eprintln!("hydrant: replaying the spool stopped: {e}");
+                    st.replay_failed = Some(e.to_string());
                     break;
                 }
                 this.counts.replayed.fetch_add(1, Ordering::Relaxed);

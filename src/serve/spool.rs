@@ -47,9 +47,10 @@ pub struct Spool {
 }
 
 impl Spool {
-    /// Opens the log in `dir` (creating both), and returns it with every whole record it
-    /// holds, in order. A torn last record is cut off.
-    pub fn open(dir: &Path) -> Result<(Spool, Vec<Record>)> {
+    /// Opens the log in `dir` (creating both), and returns it with a reader of every
+    /// whole record it holds, in order (read as replayed: memory does not grow with the
+    /// log). A torn last record is cut off.
+    pub fn open(dir: &Path) -> Result<(Spool, Replay)> {
         let path = dir.join(SPOOL_FILE);
         let failed = |e: &dyn std::fmt::Display| Error::State {
             path: path.clone(),
@@ -63,26 +64,45 @@ impl Spool {
             .truncate(false)
             .open(&path)
             .map_err(|e| failed(&e))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(|e| failed(&e))?;
-        let (records, whole) = parse(&bytes).map_err(|e| failed(&e))?;
-        if whole < bytes.len() {
-            file.set_len(whole as u64).map_err(|e| failed(&e))?;
+        let whole = whole_records(&file).map_err(|e| failed(&e))?;
+        if whole < file.metadata().map_err(|e| failed(&e))?.len() {
+            file.set_len(whole).map_err(|e| failed(&e))?;
             file.sync_all().map_err(|e| failed(&e))?;
         }
         file.seek(SeekFrom::End(0)).map_err(|e| failed(&e))?;
-        Ok((Spool { file, path }, records))
+        let reader = File::open(&path).map_err(|e| failed(&e))?;
+        let replay = Replay {
+            reader: std::io::BufReader::new(reader).take(whole),
+            path: path.clone(),
+            at: 0,
+        };
+        Ok((Spool { file, path }, replay))
     }
 
-    /// Appends a record and syncs it to disk.
+    /// Appends a record and syncs it to disk. A failed append (a full disk) is undone,
+    /// so that no torn record sits before the ones appended after it.
     pub fn append(&mut self, record: &Record) -> Result<()> {
         let bytes = encode(record)?;
         let failed = |e: std::io::Error| Error::State {
             path: self.path.clone(),
             reason: format!("cannot spool a pushed batch: {e}"),
         };
-        self.file.write_all(&bytes).map_err(failed)?;
-        self.file.sync_data().map_err(failed)
+        let end = self.file.stream_position().map_err(failed)?;
+        let written = self
+            .file
+            .write_all(&bytes)
+            .and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            let undone = self
+                .file
+                .set_len(end)
+                .and_then(|()| self.file.seek(SeekFrom::Start(end)));
+            return Err(failed(match undone {
+                Ok(_) => e,
+                Err(u) => std::io::Error::other(format!("{e}; undoing it failed too: {u}")),
+            }));
+        }
+        Ok(())
     }
 }
 
@@ -121,24 +141,64 @@ fn encode(record: &Record) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The whole records of `bytes`, and where they end. A record cut short or whose checksum
-/// fails ends the log (a crash mid-append); a whole record that does not decode is an
-/// error (the file is not a spool, or it was damaged).
-fn parse(bytes: &[u8]) -> std::result::Result<(Vec<Record>, usize), String> {
-    let (mut records, mut at) = (Vec::new(), 0);
-    while bytes.len() - at >= 12 {
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or_default()) as usize;
-        let sum = u64::from_le_bytes(bytes[at + 4..at + 12].try_into().unwrap_or_default());
-        let Some(body) = bytes.get(at + 12..at + 12 + len) else {
-            break;
-        };
-        if xxhash_rust::xxh64::xxh64(body, 0) != sum {
-            break;
+/// Where the log's whole records end. A record cut short or whose checksum fails ends
+/// the log (a crash mid-append).
+fn whole_records(file: &File) -> std::io::Result<u64> {
+    let mut r = std::io::BufReader::new(file);
+    let (mut at, mut body) = (0u64, Vec::new());
+    loop {
+        let mut head = [0u8; 12];
+        if r.read_exact(&mut head).is_err() {
+            return Ok(at);
         }
-        records.push(decode(body).map_err(|e| format!("record at byte {at}: {e}"))?);
-        at += 12 + len;
+        let (len, sum) = split_head(&head);
+        body.resize(len, 0);
+        if r.read_exact(&mut body).is_err() || xxhash_rust::xxh64::xxh64(&body, 0) != sum {
+            return Ok(at);
+        }
+        at += 12 + len as u64;
     }
-    Ok((records, at))
+}
+
+fn split_head(head: &[u8; 12]) -> (usize, u64) {
+    let [a, b, c, d, s @ ..] = *head;
+    (
+        u32::from_le_bytes([a, b, c, d]) as usize,
+        u64::from_le_bytes(s),
+    )
+}
+
+/// The whole records of a log, read one at a time. A whole record that does not decode
+/// is an error (the file is not a spool, or it was damaged).
+pub struct Replay {
+    reader: std::io::Take<std::io::BufReader<File>>,
+    path: PathBuf,
+    at: u64,
+}
+
+impl Replay {
+    /// Whether the log holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.reader.limit() == 0
+    }
+}
+
+impl Iterator for Replay {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Result<Record>> {
+        let mut head = [0u8; 12];
+        self.reader.read_exact(&mut head).ok()?;
+        let (len, _) = split_head(&head);
+        let mut body = vec![0; len];
+        let read = self.reader.read_exact(&mut body).map_err(|e| e.to_string());
+        let at = self.at;
+        self.at += 12 + len as u64;
+        Some(read.and_then(|()| decode(&body)).map_err(|e| Error::State {
+            path: self.path.clone(),
+            reason: format!("record at byte {at}: {e}"),
+        }))
+    }
 }
 
 fn decode(body: &[u8]) -> std::result::Result<Record, String> {
@@ -194,6 +254,7 @@ mod tests {
         {
             let (mut spool, read) = Spool::open(dir.path()).unwrap();
             assert!(read.is_empty());
+            assert_eq!(read.count(), 0);
             for r in &written {
                 spool.append(r).unwrap();
             }
@@ -206,25 +267,26 @@ mod tests {
         f.write_all(&torn[..torn.len() - 5]).unwrap();
         drop(f);
         let (mut spool, read) = Spool::open(dir.path()).unwrap();
-        assert_eq!(read, written);
+        assert_eq!(read.map(Result::unwrap).collect::<Vec<_>>(), written);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
         // Appends go after the whole records.
         spool
             .append(&Record::Batch(origin("b", 7), batch(30)))
             .unwrap();
         let (_, read) = Spool::open(dir.path()).unwrap();
-        assert_eq!(read.len(), 5);
+        assert_eq!(read.count(), 5);
     }
 
     #[test]
-    fn a_damaged_record_that_checks_out_is_an_error_not_a_silent_cut() {
+    fn a_damaged_record_that_checks_out_is_an_error_when_replayed_not_a_silent_cut() {
         let dir = tempfile::tempdir().unwrap();
         let body = b"\x02\x00\x00\x00{}garbage";
         let mut bytes = (body.len() as u32).to_le_bytes().to_vec();
         bytes.extend_from_slice(&xxhash_rust::xxh64::xxh64(body, 0).to_le_bytes());
         bytes.extend_from_slice(body);
         std::fs::write(dir.path().join(SPOOL_FILE), bytes).unwrap();
-        let err = Spool::open(dir.path()).err().unwrap().to_string();
+        let (_, mut read) = Spool::open(dir.path()).unwrap();
+        let err = read.next().unwrap().unwrap_err().to_string();
         assert!(
             err.contains(SPOOL_FILE) && err.contains("record at byte 0"),
             "{err}"
