@@ -259,6 +259,20 @@ fn mutated_pushes_end_with_an_error_or_an_acknowledgement() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
+/// The acknowledgement of a push of 50 rows by `origin` (`(producer, seq)`).
+async fn ack(
+    client: &mut FlightServiceClient<tonic::transport::Channel>,
+    origin: (&str, u64),
+) -> serde_json::Value {
+    let messages = produced(batch(50), Some(origin)).await;
+    let response = client
+        .do_put(futures::stream::iter(messages))
+        .await
+        .unwrap();
+    let acks: Vec<arrow_flight::PutResult> = response.into_inner().try_collect().await.unwrap();
+    serde_json::from_slice(&acks[0].app_metadata).unwrap()
+}
+
 /// The continuous-training issue's finding: a server killed after acknowledging pushed rows
 /// had lost some. With `--state-dir`, every acknowledged batch is delivered after a
 /// SIGKILL and a restart, in the same steps: the trainer resumes at its last step + 1 and
@@ -321,28 +335,12 @@ fn acknowledged_pushes_survive_a_killed_server_exactly_once() {
         }
         got
     };
-    let acks = |response: Vec<arrow_flight::PutResult>| -> Vec<serde_json::Value> {
-        response
-            .iter()
-            .map(|r| serde_json::from_slice(&r.app_metadata).unwrap())
-            .collect()
-    };
     let (mut server, uri) = start_with(dir.path(), &args);
     let first = rt.block_on(async {
         let reader = tokio::spawn(read(uri.clone(), 0, 3));
         let mut client = connect(uri.clone()).await;
         for seq in 0..6 {
-            let response = client.do_put(futures::stream::iter(
-                produced(batch(50), Some(("p", seq))).await,
-            ));
-            let got: Vec<_> = response
-                .await
-                .unwrap()
-                .into_inner()
-                .try_collect()
-                .await
-                .unwrap();
-            assert_eq!(acks(got)[0]["rows"], 50);
+            assert_eq!(ack(&mut client, ("p", seq)).await["rows"], 50);
         }
         reader.await.unwrap()
     });
@@ -355,21 +353,8 @@ fn acknowledged_pushes_survive_a_killed_server_exactly_once() {
         let reader = tokio::spawn(read(uri.clone(), 3, usize::MAX));
         // The producer never saw the last two acknowledgements, say: it sends them again.
         for (seq, duplicate) in [(4, true), (5, true), (6, false), (7, false)] {
-            let response = client.do_put(futures::stream::iter(
-                produced(batch(50), Some(("p", seq))).await,
-            ));
-            let got: Vec<_> = response
-                .await
-                .unwrap()
-                .into_inner()
-                .try_collect()
-                .await
-                .unwrap();
-            assert_eq!(
-                acks(got)[0].get("duplicate").is_some(),
-                duplicate,
-                "seq {seq}"
-            );
+            let ack = ack(&mut client, ("p", seq)).await;
+            assert_eq!(ack.get("duplicate").is_some(), duplicate, "seq {seq}");
         }
         let end = arrow_flight::Action::new("end_ingest", "pushed");
         let _: Vec<_> = client

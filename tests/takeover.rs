@@ -137,6 +137,27 @@ fn assert_exactly_once(records: &BTreeMap<u32, Record>, rows: u64) {
     assert_eq!(ids, (0..rows).collect::<Vec<_>>(), "every row once");
 }
 
+/// Reads rank 0 from `start` to the end after the steps in `first`, waits for rank 1's
+/// trainer `other`, and checks that the epoch of `rows` rows came once, in equal steps.
+async fn finish_rank_0(
+    uri: &str,
+    mut first: Record,
+    start: u64,
+    other: tokio::task::JoinHandle<(Record, Vec<String>)>,
+    rows: u64,
+) {
+    let mut rest = Record::new();
+    assert!(
+        read(uri, ticket(2, 0, 0, start), usize::MAX, &mut rest)
+            .await
+            .unwrap()
+    );
+    first.extend(rest);
+    let (record, errors) = other.await.unwrap();
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_exactly_once(&BTreeMap::from([(0, first), (1, record)]), rows);
+}
+
 /// The server's resident memory once the epoch's runs have been let go: the least of a
 /// few samples over 200 ms (what it holds, not what is in flight).
 async fn settled_rss_kib(pid: u32) -> u64 {
@@ -181,16 +202,7 @@ async fn going_back_to_an_old_step_and_forward_again_loses_nothing() {
         [5, 6, 7, 8]
     );
     assert_eq!(again[0], first[5], "step 5 again is step 5");
-    let mut rest = Record::new();
-    assert!(
-        read(&uri, ticket(2, 0, 0, 40), usize::MAX, &mut rest)
-            .await
-            .unwrap()
-    );
-    first.extend(rest);
-    let (record, errors) = other.await.unwrap();
-    assert!(errors.is_empty(), "{errors:?}");
-    assert_exactly_once(&BTreeMap::from([(0, first), (1, record)]), ROWS);
+    finish_rank_0(&uri, first, 40, other, ROWS).await;
 }
 
 /// A rank sent back to an old step (the shared run then lets its batches go) and then
@@ -215,16 +227,7 @@ async fn back_to_an_old_step_then_to_one_kept_from_before_is_exact() {
     assert_eq!(again[..], first[..3]);
     // Step 18 was in the shared run's replay before the rank went back.
     first.truncate(18);
-    let mut rest = Record::new();
-    assert!(
-        read(&uri, ticket(2, 0, 0, 18), usize::MAX, &mut rest)
-            .await
-            .unwrap()
-    );
-    first.extend(rest);
-    let (record, errors) = other.await.unwrap();
-    assert!(errors.is_empty(), "{errors:?}");
-    assert_exactly_once(&BTreeMap::from([(0, first), (1, record)]), ROWS);
+    finish_rank_0(&uri, first, 18, other, ROWS).await;
 }
 
 /// After every rank finished the epoch (its run is freed), a trainer that lost its last
@@ -415,16 +418,7 @@ async fn an_abandoned_run_is_forgotten_after_the_idle_timeout() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let other = tokio::spawn(trainer(uri.clone(), 2, 1, 0));
-    let mut rest = Record::new();
-    assert!(
-        read(&uri, ticket(2, 0, 0, 3), usize::MAX, &mut rest)
-            .await
-            .unwrap()
-    );
-    first.extend(rest);
-    let (record, errors) = other.await.unwrap();
-    assert!(errors.is_empty(), "{errors:?}");
-    assert_exactly_once(&BTreeMap::from([(0, first), (1, record)]), ROWS);
+    finish_rank_0(&uri, first, 3, other, ROWS).await;
 }
 
 /// The server killed (SIGKILL) mid-epoch and started again on the same files and state:

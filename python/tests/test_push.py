@@ -32,9 +32,8 @@ def pushed(tmp_path, data):
     s.stop()
 
 
-def test_push_then_read_every_row_once(pushed):
-    server, table = pushed
-    client = Client(server.uri)
+def start_readers(client):
+    """Both ranks read to the end on threads: the dict they fill, and the threads."""
     got = {}
 
     def read(r):
@@ -43,6 +42,13 @@ def test_push_then_read_every_row_once(pushed):
     readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(2)]
     for t in readers:
         t.start()
+    return got, readers
+
+
+def test_push_then_read_every_row_once(pushed):
+    server, table = pushed
+    client = Client(server.uri)
+    got, readers = start_readers(client)
     # Two producers at once, each half of the rows.
     half = table.num_rows // 2
     parts = [table.slice(0, half), table.slice(half)]
@@ -197,15 +203,8 @@ def test_status_and_other_calls_answer_while_a_producer_is_back_pressured(tmp_pa
 def test_a_producer_that_retries_is_acknowledged_once_per_batch(pushed):
     server, table = pushed
     client = Client(server.uri)
-    got = {}
-
-    def read(r):
-        got[r] = list(client.batches("criteo_hash", r, 2))
-
     # Readers first: pushes wait for queue space.
-    readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(2)]
-    for t in readers:
-        t.start()
+    got, readers = start_readers(client)
     batches = table.slice(0, 6000).to_batches(max_chunksize=2000)
     acks = client.push("criteo_hash", batches, producer="spark-7")
     assert [a.get("duplicate") for a in acks] == [None] * 3
