@@ -11,8 +11,10 @@
 
 usage: python python_client.py HYDRANT_BIN [ROWS] [STEP_MS] [BATCH]   (one JSON line)
 """
+import atexit
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,8 @@ rows = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000
 step_ms = float(sys.argv[3]) if len(sys.argv) > 3 else 5.0
 batch = int(sys.argv[4]) if len(sys.argv) > 4 else 4096
 tmp = pathlib.Path(tempfile.mkdtemp())
+# The input files are hundreds of MB: never leave them behind, whatever ends the run.
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)
 
 
 def hydrant(*args):
