@@ -389,3 +389,195 @@ fn acknowledged_pushes_survive_a_killed_server_exactly_once() {
         "every acknowledged row once"
     );
 }
+
+/// Steps `start..start + steps` (at most) of the one rank of the pushed pipeline.
+async fn read_steps(uri: &str, start: u64, steps: usize) -> Vec<hydrant_flight::StepBatch> {
+    let mut client = hydrant_flight::Client::connect(uri).await.unwrap();
+    let ticket = hydrant_flight::Ticket {
+        pipeline: "pushed".into(),
+        epoch: 0,
+        rank: 0,
+        world_size: 1,
+        start_step: start,
+    };
+    let mut stream = client.steps(&ticket).await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < steps {
+        match stream.next_step().await {
+            Some(step) => got.push(step.unwrap()),
+            None => break,
+        }
+    }
+    got
+}
+
+/// Pushes batches `seqs` of producer `p` (each of `rows` rows); returns which were
+/// acknowledged as duplicates.
+async fn push_all(uri: &str, seqs: std::ops::Range<u64>, rows: usize) -> Vec<u64> {
+    let channel = tonic::transport::Channel::from_shared(uri.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = FlightServiceClient::new(channel);
+    let mut duplicates = Vec::new();
+    for seq in seqs {
+        let messages = produced(batch(rows), Some(("p", seq))).await;
+        let response = client.do_put(futures::stream::iter(messages)).await;
+        let acks: Vec<arrow_flight::PutResult> =
+            response.unwrap().into_inner().try_collect().await.unwrap();
+        let ack: serde_json::Value = serde_json::from_slice(&acks[0].app_metadata).unwrap();
+        assert_eq!(ack["rows"], rows);
+        if ack.get("duplicate").is_some() {
+            duplicates.push(seq);
+        }
+    }
+    duplicates
+}
+
+fn spool_segments(dir: &std::path::Path) -> usize {
+    spool_first_rows(dir).len()
+}
+
+/// The first row of each spool segment in `dir`, ascending (from the file names).
+fn spool_first_rows(dir: &std::path::Path) -> Vec<u64> {
+    let mut rows: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_prefix("pushed-")?
+                .strip_suffix(".spool")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    rows.sort_unstable();
+    rows
+}
+
+/// A trainer commits its checkpoint's step: the spool's segments wholly before the rows
+/// that step needs are deleted, and a server SIGKILLed and restarted delivers from the
+/// committed step on — bit for bit the steps an uninterrupted server delivers — while a
+/// producer's retries of batches in deleted segments are still known as duplicates.
+#[test]
+fn a_commit_trims_the_spool_and_a_restarted_server_resumes_there_exactly() {
+    const ROWS: usize = 20_000; // ~0.5 MiB spooled per batch, ~3 per 1 MiB segment
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let with = |spool: &std::path::Path| {
+        let args: Vec<std::ffi::OsString> = vec![
+            "--state-dir".into(),
+            spool.into(),
+            "--spool-segment-mib".into(),
+            "1".into(),
+            // Windows that do not line up with steps (64 rows).
+            "--shuffle".into(),
+            "--shuffle-window".into(),
+            "1000".into(),
+        ];
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        start_with(dir.path(), &args)
+    };
+    let (whole, resumed) = rt.block_on(async {
+        // The uninterrupted stream: 10 batches, then the end.
+        let (_reference, uri) = with(&dir.path().join("reference"));
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read_steps(&uri, 0, usize::MAX).await }
+        });
+        assert!(push_all(&uri, 0..10, ROWS).await.is_empty());
+        end_ingest(&uri).await;
+        let whole = reader.await.unwrap();
+
+        // The first 8 batches (2,500 steps) to a server killed after a commit at 1,500.
+        let spool = dir.path().join("spool");
+        let (mut server, uri) = with(&spool);
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read_steps(&uri, 0, 2500).await }
+        });
+        assert!(push_all(&uri, 0..8, ROWS).await.is_empty());
+        assert_eq!(reader.await.unwrap().len(), 2500);
+        let before = spool_segments(&spool);
+        assert!(before >= 3, "{before} segments");
+        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        let err = client.commit("pushed", 2501).await.unwrap_err().to_string();
+        assert!(err.contains("not delivered yet"), "{err}");
+        let reply = client.commit("pushed", 1500).await.unwrap();
+        assert_eq!(reply["committed"], 1500, "{reply}");
+        // Step 1500 starts at row 96,000, the start of its window: the segments that
+        // end at or before it go, and the oldest one left holds it.
+        let left = spool_first_rows(&spool);
+        assert_eq!(reply["deleted_segments"], before - left.len(), "{reply}");
+        assert!(
+            left.len() < before && left[0] <= 96_000 && left[1] > 96_000,
+            "{left:?}"
+        );
+        // An older step changes nothing.
+        assert_eq!(
+            client.commit("pushed", 10).await.unwrap()["committed"],
+            1500
+        );
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+
+        let (_server, uri) = with(&spool);
+        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        // Steps before the commit are gone; the trainer resumes at it.
+        let early = hydrant_flight::Ticket {
+            pipeline: "pushed".into(),
+            epoch: 0,
+            rank: 0,
+            world_size: 1,
+            start_step: 1499,
+        };
+        let err = match client.steps(&early).await {
+            Err(e) => e.to_string(),
+            Ok(mut s) => s.next_step().await.unwrap().unwrap_err().to_string(),
+        };
+        assert!(err.contains("no longer held"), "{err}");
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read_steps(&uri, 1500, usize::MAX).await }
+        });
+        // The producer retries everything from its first batch: those it had
+        // acknowledged are duplicates, also those whose segments were deleted.
+        assert_eq!(
+            push_all(&uri, 0..10, ROWS).await,
+            (0..8).collect::<Vec<_>>()
+        );
+        let status = client.status().await.unwrap();
+        let pushed = &status["pipelines"][0]["pushed"];
+        assert_eq!(pushed["committed_step"], 1500, "{pushed}");
+        end_ingest(&uri).await;
+        (whole, reader.await.unwrap())
+    });
+    assert_eq!(whole.len(), 3125);
+    let want = &whole[1500..];
+    assert_eq!(resumed.len(), want.len());
+    for (got, want) in resumed.iter().zip(want) {
+        assert_eq!(got.meta.step, want.meta.step);
+        assert_eq!(got.batch, want.batch, "step {}", want.meta.step);
+    }
+}
+
+async fn end_ingest(uri: &str) {
+    let channel = tonic::transport::Channel::from_shared(uri.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let end = arrow_flight::Action::new("end_ingest", "pushed");
+    let _: Vec<_> = FlightServiceClient::new(channel)
+        .do_action(end)
+        .await
+        .unwrap()
+        .into_inner()
+        .try_collect()
+        .await
+        .unwrap();
+}

@@ -177,6 +177,24 @@ impl Client {
         serde_json::from_slice(reply).map_err(|e| ClientError::Protocol(format!("status: {e}")))
     }
 
+    /// The `commit` action: the trainers' checkpoint holds every step of `pipeline`
+    /// before `step`, so a restarted server resumes there. Returns the server's reply
+    /// (`{"committed", "durable", "deleted_segments"}`).
+    pub async fn commit(
+        &mut self,
+        pipeline: &str,
+        step: u64,
+    ) -> Result<serde_json::Value, ClientError> {
+        use futures::TryStreamExt;
+        let body = serde_json::json!({"pipeline": pipeline, "step": step});
+        let action = arrow_flight::Action::new("commit", Bytes::from(body.to_string()));
+        let replies: Vec<Bytes> = self.inner.do_action(action).await?.try_collect().await?;
+        let reply = replies
+            .first()
+            .ok_or_else(|| ClientError::Protocol("the commit action returned nothing".into()))?;
+        serde_json::from_slice(reply).map_err(|e| ClientError::Protocol(format!("commit: {e}")))
+    }
+
     /// The stream a ticket names, one [`StepBatch`] per step.
     pub async fn steps(&mut self, ticket: &Ticket) -> Result<Steps, ClientError> {
         let stream = self

@@ -154,6 +154,24 @@ pub trait Served: Send + Sync + 'static {
     fn end_input(&self) -> Result<(), ServeError> {
         Err(ServeError::not_pushed(self.name()))
     }
+
+    /// Records that the trainers' checkpoint holds every step before `step` (`commit`):
+    /// pushed input resumes there after a restart, and what lies wholly before it may be
+    /// deleted. Returns JSON saying what was done.
+    fn commit(&self, _step: u64) -> Result<serde_json::Value, ServeError> {
+        Err(ServeError::FailedPrecondition(format!(
+            "pipeline `{}` takes no commits",
+            self.name()
+        )))
+    }
+}
+
+/// The body of the `commit` action.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommitRequest {
+    pipeline: String,
+    step: u64,
 }
 
 /// A step larger than this is cut into messages of about this size; smaller steps go as one
@@ -606,10 +624,10 @@ impl FlightService for FlightServer {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
-        // Every action operates the server: `admin`. An unknown one is UNIMPLEMENTED to any
-        // authenticated user.
-        let known = ["status", "end_ingest"].contains(&request.get_ref().r#type.as_str());
-        self.check(&request, if known { Role::Admin } else { Role::Train })?;
+        // The actions that operate the server need `admin`; trainers commit their
+        // checkpoints (`train`). An unknown one is UNIMPLEMENTED to any authenticated user.
+        let admin = ["status", "end_ingest"].contains(&request.get_ref().r#type.as_str());
+        self.check(&request, if admin { Role::Admin } else { Role::Train })?;
         match request.get_ref().r#type.as_str() {
             "status" => {
                 let status = serde_json::json!({
@@ -628,6 +646,22 @@ impl FlightService for FlightServer {
                     .await
                     .map_err(|e| Status::internal(e.to_string()))??;
                 let body = arrow_flight::Result::new(b"{\"ended\":true}".to_vec());
+                Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
+            }
+            "commit" => {
+                let req: CommitRequest =
+                    serde_json::from_slice(&request.get_ref().body).map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "commit: body must be JSON {{\"pipeline\": NAME, \"step\": N}}: {}",
+                            hydrant_operators::quoted(&e.to_string())
+                        ))
+                    })?;
+                let p = self.pipeline(&req.pipeline)?.clone();
+                let reply = tokio::task::spawn_blocking(move || p.commit(req.step))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))??;
+                let body =
+                    arrow_flight::Result::new(serde_json::to_vec(&reply).unwrap_or_default());
                 Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
             }
             other => Err(Status::unimplemented(format!(
@@ -650,6 +684,11 @@ impl FlightService for FlightServer {
             (
                 "end_ingest",
                 "body: a pipeline name; closes its pushed input",
+            ),
+            (
+                "commit",
+                "body: {\"pipeline\": NAME, \"step\": S}; the trainers' checkpoint holds \
+                 every step before S: a restarted server resumes there (pushed input)",
             ),
         ]
         .map(|(t, d)| {

@@ -47,7 +47,7 @@ class Client:
             info = self._client.get_flight_info(
                 flight.FlightDescriptor.for_path(pipeline), self._options
             )
-        except flight.FlightError as e:
+        except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
         return [json.loads(ep.ticket.ticket) for ep in info.endpoints]
 
@@ -57,14 +57,14 @@ class Client:
             return self._client.get_schema(
                 flight.FlightDescriptor.for_path(pipeline), self._options
             ).schema
-        except flight.FlightError as e:
+        except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
 
     def status(self) -> dict:
         """The server's ``status`` action."""
         try:
             results = list(self._client.do_action(flight.Action("status", b""), self._options))
-        except flight.FlightError as e:
+        except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
         return json.loads(results[0].body.to_pybytes())
 
@@ -83,8 +83,21 @@ class Client:
         try:
             list(self._client.do_action(flight.Action("end_ingest", pipeline.encode()),
                                         self._options))
-        except flight.FlightError as e:
+        except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
+
+    def commit(self, pipeline: str, step: int) -> dict:
+        """Tells the server the trainers' checkpoint holds every step before ``step``:
+        a restarted server with ``--state-dir`` delivers pushed input from there (and
+        deletes what lies wholly before it). Call it after saving the checkpoint; an older
+        step than the last commit changes nothing. Returns ``{"committed", "durable",
+        "deleted_segments"}``."""
+        body = json.dumps({"pipeline": pipeline, "step": int(step)}).encode()
+        try:
+            results = list(self._client.do_action(flight.Action("commit", body), self._options))
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise HydrantError(str(e)) from e
+        return json.loads(results[0].body.to_pybytes())
 
     def ticket(
         self, pipeline: str, rank: int, world_size: int, epoch: int = 0, start_step: int = 0

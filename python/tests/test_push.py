@@ -3,6 +3,7 @@ read them as they arrive, `end_ingest` pads the last step."""
 
 import threading
 
+import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 
@@ -108,8 +109,6 @@ def test_push_to_a_file_pipeline_is_refused(serve, data):
 
 
 def test_a_doput_without_the_ingest_path_is_invalid(pushed):
-    import pyarrow.flight as flight
-
     server, table = pushed
     c = flight.FlightClient(server.uri)
     batch = table.slice(0, 10).to_batches()[0]
@@ -221,8 +220,6 @@ def test_a_producer_that_retries_is_acknowledged_once_per_batch(pushed):
 
 
 def test_a_producer_without_a_seq_is_invalid(pushed):
-    import pyarrow.flight as flight
-
     server, table = pushed
     c = flight.FlightClient(server.uri)
     descriptor = flight.FlightDescriptor.for_path("ingest", "criteo_hash", "p")
@@ -232,3 +229,33 @@ def test_a_producer_without_a_seq_is_invalid(pushed):
         writer.done_writing()
         reader.read()
         writer.close()
+
+
+def test_commit_reports_what_it_kept_and_refuses_what_it_cannot(tmp_path, data, serve):
+    state_dir = tmp_path / "state-dir"
+    s = pushed_server(tmp_path, data, "--ranks", "2", "--batch-size", "1000",
+                      "--state-dir", state_dir)
+    try:
+        client = Client(s.uri)
+        got, readers = start_readers(client)
+        table = pq.read_table(data[0]).slice(0, 6000)
+        client.push("criteo_hash", table.to_batches(max_chunksize=2000), producer="p")
+        # 6000 rows are three steps of 2 x 1000: the trainers checkpoint after two.
+        with pytest.raises(HydrantError, match="not delivered yet"):
+            client.commit("criteo_hash", 4)
+        reply = client.commit("criteo_hash", 2)
+        assert reply == {"committed": 2, "durable": True, "deleted_segments": 0}
+        assert client.commit("criteo_hash", 1)["committed"] == 2
+        assert client.status()["pipelines"][0]["pushed"]["committed_step"] == 2
+        assert (state_dir / "commit.json").exists()
+        raw = flight.FlightClient(s.uri)
+        with pytest.raises(Exception, match="INVALID_ARGUMENT|invalid argument.*body must be JSON"):
+            list(raw.do_action(flight.Action("commit", b"{garbage")))
+        client.end_ingest("criteo_hash")
+        for t in readers:
+            t.join(timeout=60)
+    finally:
+        s.stop()
+    files = serve("--ranks", "1")
+    with pytest.raises(HydrantError, match="nothing to commit"):
+        Client(files.uri).commit("criteo", 0)

@@ -422,4 +422,34 @@ mod tests {
         assert_eq!(seen, (0..21).collect::<Vec<_>>());
         assert_eq!(out.iter().map(|rb| rb.meta.padded_rows).sum::<usize>(), 3);
     }
+
+    #[test]
+    fn a_stream_resumed_at_a_step_delivers_the_same_steps_from_there() {
+        let placement = Placement::new(2, 4, LastBatch::Pad, 3, Some(5)).unwrap();
+        let cut = |from_step: u64, chunk: u64| {
+            let mut cutter =
+                crate::delivery::StreamCutter::from_step(placement, &schema(), 1, from_step)
+                    .unwrap();
+            let mut first = cutter.first_row(from_step);
+            let mut out = Vec::new();
+            while first < 61 {
+                let n = chunk.min(61 - first);
+                cutter.push(rows(first, n as usize), &mut out).unwrap();
+                first += n;
+            }
+            cutter.end(&mut out).unwrap();
+            assert_eq!(cutter.steps_cut(), 8);
+            out
+        };
+        let whole = cut(0, 7);
+        // Step 3 starts at position 24, in the window of positions 20..25.
+        let resumed = cut(3, 6);
+        let key = |rb: &RankBatch| (rb.meta.step, rb.meta.rank, rb.meta.padded_rows);
+        let want: Vec<_> = whole.iter().filter(|rb| rb.meta.step >= 3).collect();
+        assert_eq!(resumed.len(), want.len());
+        for (got, want) in resumed.iter().zip(want) {
+            assert_eq!(key(got), key(want));
+            assert_eq!(got.data(), want.data());
+        }
+    }
 }

@@ -17,8 +17,10 @@ pub struct StreamCutter {
     owners: Vec<Assembler>,
     /// Featurized rows whose window is not full yet, with their first position.
     held: Vec<(u64, RecordBatch)>,
-    /// Rows taken so far.
+    /// Rows taken so far (stream positions: a cutter resumed at a step starts past 0).
     rows: u64,
+    /// The first output index delivered (a resumed cutter drops the steps before).
+    deliver_from: u64,
     pieces: Vec<Piece>,
 }
 
@@ -26,16 +28,41 @@ impl StreamCutter {
     /// A cutter of batches of schema `output` (the plan's output), featurized with state
     /// `state_version`.
     pub fn new(placement: Placement, output: &Schema, state_version: u64) -> Result<Self> {
+        Self::from_step(placement, output, state_version, 0)
+    }
+
+    /// A cutter whose first step is `step`: it takes rows from stream position
+    /// [`StreamCutter::first_row`]`(step)` on, and the steps before are not delivered.
+    pub fn from_step(
+        placement: Placement,
+        output: &Schema,
+        state_version: u64,
+        step: u64,
+    ) -> Result<Self> {
         let owners = (0..placement.world_size())
-            .map(|r| Assembler::new(placement, r, output, state_version, None, (0, 0)))
+            .map(|r| Assembler::new(placement, r, output, state_version, None, (0, step)))
             .collect::<Result<_>>()?;
+        let deliver_from = step.saturating_mul(placement.step_rows());
         Ok(StreamCutter {
             placement,
             owners,
             held: Vec::new(),
-            rows: 0,
+            rows: placement.window_start(deliver_from),
+            deliver_from,
             pieces: Vec::new(),
         })
+    }
+
+    /// The first stream position step `step` needs: rows move only within their shuffle
+    /// window, so it is the start of the window holding the step's first position.
+    pub fn first_row(&self, step: u64) -> u64 {
+        let placement = &self.placement;
+        placement.window_start(step.saturating_mul(placement.step_rows()))
+    }
+
+    /// Steps every rank has been given (the first step no rank has yet).
+    pub fn steps_cut(&self) -> u64 {
+        self.owners.iter().map(|o| o.next().1).min().unwrap_or(0)
     }
 
     /// Rows taken so far.
@@ -88,7 +115,7 @@ impl StreamCutter {
             0,
             rows,
             first,
-            0..u64::MAX,
+            self.deliver_from..u64::MAX,
             batch,
             &mut self.pieces,
         );

@@ -36,8 +36,8 @@ mod stream;
 pub use push::PushFeaturizer;
 use push::{Ingest, Pushed};
 use run::{Run, lock};
-pub use spool::SPOOL_FILE;
 use spool::Spool;
+pub use spool::{COMMIT_FILE, SEGMENT_BYTES};
 use stream::{Consumer, Runs};
 
 /// Bytes of sent batches each rank keeps for a reconnecting trainer: more than a stream
@@ -89,21 +89,51 @@ impl ServedPipeline {
         self.replay_bytes = bytes;
         if let Some(ingest) = &self.ingest {
             // Nothing was pushed yet: the run of pushed input starts over with the new size.
-            let (senders, run) = Run::new(0, 0, None, self.world(), None, bytes, Arc::from([]));
-            ingest.lock().senders = Some(senders.into_iter().flatten().collect());
-            *lock(&self.runs) = vec![run];
+            let first = ingest.counts.steps_cut.load(Ordering::SeqCst);
+            self.new_pushed_run(ingest, first);
         }
         self
     }
 
-    /// Makes pushed input durable: each accepted batch is spooled to `dir` and synced
-    /// before it is acknowledged, and what an earlier server spooled there is admitted
-    /// again first, in the same order (on a thread of its own; pushes wait until it is
-    /// over). Files are replayable already: for them this does nothing.
-    pub fn with_state_dir(self, dir: &std::path::Path) -> crate::Result<Self> {
+    /// Makes the one run of pushed input anew, from step `first`.
+    fn new_pushed_run(&self, ingest: &Pushed, first: u64) {
+        let (senders, run) = Run::new(
+            0,
+            first,
+            None,
+            self.world(),
+            None,
+            self.replay_bytes,
+            Arc::from([]),
+        );
+        ingest.lock().senders = Some(senders.into_iter().flatten().collect());
+        *lock(&self.runs) = vec![run];
+    }
+
+    /// Makes pushed input durable: each accepted batch is spooled to `dir` (in segments
+    /// of `segment_bytes`) and synced before it is acknowledged, and what an earlier
+    /// server spooled there is admitted again first, in the same order, from its last
+    /// commit's step on (on a thread of its own; pushes wait until it is over). Files are
+    /// replayable already: for them this does nothing.
+    pub fn with_state_dir(self, dir: &std::path::Path, segment_bytes: u64) -> crate::Result<Self> {
         if let Some(ingest) = &self.ingest {
-            let (spool, records) = Spool::open(dir)?;
-            ingest.replay(spool, records, self.runs.clone());
+            let opened = Spool::open(dir, segment_bytes)?;
+            if let Some(commit) = &opened.commit {
+                let cutter = StreamCutter::from_step(
+                    *self.delivery.plan.placement(),
+                    &self.plan.output_schema(),
+                    self.state.version,
+                    commit.step,
+                )?;
+                ingest
+                    .resume(commit, cutter)
+                    .map_err(|e| crate::Error::State {
+                        path: dir.join(spool::COMMIT_FILE),
+                        reason: e.to_string(),
+                    })?;
+                self.new_pushed_run(ingest, commit.step);
+            }
+            ingest.replay(opened.spool, opened.replay, self.runs.clone());
         }
         Ok(self)
     }
@@ -173,11 +203,8 @@ impl ServedPipeline {
     ) -> crate::Result<Self> {
         let plan = Arc::new(spec.plan(&spec.nominal_schema())?);
         let bound = plan.transformer(&state)?;
-        let cutter = StreamCutter::new(
-            *delivery.plan.placement(),
-            &plan.output_schema(),
-            state.version,
-        )?;
+        let placement = *delivery.plan.placement();
+        let cutter = StreamCutter::new(placement, &plan.output_schema(), state.version)?;
         let (senders, run) = Run::new(
             0,
             0,
@@ -193,18 +220,21 @@ impl ServedPipeline {
             inputs: None,
             replay_bytes: REPLAY_BYTES,
             idle_timeout: IDLE_TIMEOUT,
-            ingest: Some(Arc::new(Pushed::new(Ingest {
-                featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
-                cutter,
-                senders: Some(senders.into_iter().flatten().collect()),
-                next_row: 0,
-                seq: 0,
-                dropped: 0,
-                spool: None,
-                admitted: Default::default(),
-                replaying: false,
-                replay_failed: None,
-            }))),
+            ingest: Some(Arc::new(Pushed::new(
+                Ingest {
+                    featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
+                    cutter,
+                    senders: Some(senders.into_iter().flatten().collect()),
+                    next_row: 0,
+                    seq: 0,
+                    dropped: 0,
+                    spool: None,
+                    replaying: false,
+                    skip_below: 0,
+                    replay_failed: None,
+                },
+                placement,
+            ))),
             plan,
             state,
             bound,
@@ -409,6 +439,17 @@ impl Served for ServedPipeline {
         }
     }
 
+    fn commit(&self, step: u64) -> Result<serde_json::Value, ServeError> {
+        match &self.ingest {
+            Some(ingest) => ingest.commit(step),
+            None => Err(ServeError::FailedPrecondition(format!(
+                "pipeline `{}` reads files, whose epochs replay from any step: there is \
+                 nothing to commit",
+                self.name
+            ))),
+        }
+    }
+
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError> {
         let rank = rank as usize;
         let mut runs = lock(&self.runs);
@@ -499,6 +540,10 @@ impl Served for ServedPipeline {
                     "duplicates": p.duplicates.load(Ordering::Relaxed),
                     "durable": p.durable.load(Ordering::Relaxed),
                     "replayed_records": p.replayed.load(Ordering::Relaxed),
+                    "replay_failed": i.replay_failed(),
+                    "steps_cut": p.steps_cut.load(Ordering::SeqCst),
+                    "committed_step": p.committed.load(Ordering::Relaxed).checked_sub(1),
+                    "spool_segments": p.segments.load(Ordering::Relaxed),
                 })
             }),
             "runs": runs.iter().map(|r| r.status()).collect::<Vec<_>>(),

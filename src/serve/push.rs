@@ -14,9 +14,9 @@ use hydrant_operators::{FittedState, ROW_ID, Transformer};
 use tokio::sync::mpsc::Sender;
 
 use super::run::lock;
-use super::spool::{Record, Replay, Spool};
+use super::spool::{Commit, Committer, Record, Replay, Spool};
 use super::stream::Runs;
-use crate::delivery::{RankBatch, StreamCutter};
+use crate::delivery::{Placement, RankBatch, StreamCutter};
 use crate::source::with_row_id;
 use crate::spec::PipelineSpec;
 
@@ -24,6 +24,13 @@ use crate::spec::PipelineSpec;
 /// a full rank queue holds every producer back), and counts `status` reads without it.
 pub(super) struct Pushed {
     state: Mutex<Ingest>,
+    /// Each named producer's highest admitted `seq`: written under `state`, read by
+    /// commits without it (a producer may hold `state` while it waits for queue space).
+    admitted: Mutex<HashMap<String, u64>>,
+    /// Commits, made without `state` for the same reason.
+    commits: Mutex<Commits>,
+    /// How rows are placed (where a committed step's rows start).
+    placement: Placement,
     /// Signalled when the replay of the spool is over.
     replayed: Condvar,
     /// What `status` reports, readable while a producer holds the lock (it may wait there
@@ -42,10 +49,10 @@ pub(super) struct Ingest {
     pub dropped: u64,
     /// Where admitted batches are made durable (with `--state-dir`).
     pub spool: Option<Spool>,
-    /// Each named producer's highest admitted `seq`.
-    pub admitted: HashMap<String, u64>,
     /// The spool is being admitted again (after a restart): pushes wait.
     pub replaying: bool,
+    /// Rows before this stream position are not delivered again (a commit's row).
+    pub skip_below: u64,
     /// Why the spool could not be admitted again: nothing more is taken on top of it.
     pub replay_failed: Option<String>,
 }
@@ -61,12 +68,30 @@ pub(super) struct PushCounts {
     pub replayed: AtomicU64,
     /// Whether admitted batches are spooled (`--state-dir`).
     pub durable: AtomicBool,
+    /// The last committed step, plus one (0: none yet).
+    pub committed: AtomicU64,
+    /// Spool segments on disk.
+    pub segments: AtomicU64,
+    /// Steps every rank has been given.
+    pub steps_cut: AtomicU64,
+    /// Why replaying the spool stopped, if it did.
+    replay_failed: Mutex<Option<String>>,
+}
+
+/// What commits need: where they are made durable, and the last one.
+#[derive(Default)]
+struct Commits {
+    committer: Option<Committer>,
+    last: Option<u64>,
 }
 
 impl Pushed {
-    pub fn new(ingest: Ingest) -> Self {
+    pub fn new(ingest: Ingest, placement: Placement) -> Self {
         Pushed {
             state: Mutex::new(ingest),
+            admitted: Mutex::default(),
+            commits: Mutex::default(),
+            placement,
             replayed: Condvar::new(),
             counts: PushCounts::default(),
         }
@@ -91,12 +116,14 @@ impl Pushed {
         self.admit(&mut guard, batch, origin, true)
     }
 
+    /// Admits `batch`: a producer's push (`live`), or a record read back from the spool
+    /// (neither spooled again nor checked for duplicates: it was admitted once).
     fn admit(
         &self,
         st: &mut Ingest,
         batch: RecordBatch,
         origin: Option<Origin>,
-        durable: bool,
+        live: bool,
     ) -> Result<Accepted, ServeError> {
         let rows = batch.num_rows() as u64;
         if let Some(e) = &st.replay_failed {
@@ -104,9 +131,9 @@ impl Pushed {
                 "the spooled input could not be delivered again, so no more is taken: {e}"
             )));
         }
-        if let Some(o) = &origin
-            && st
-                .admitted
+        if live
+            && let Some(o) = &origin
+            && lock(&self.admitted)
                 .get(&o.producer)
                 .is_some_and(|&seq| o.seq <= seq)
         {
@@ -122,27 +149,41 @@ impl Pushed {
                 "the pushed input was ended (end_ingest)".into(),
             ));
         }
-        let featurized = st
-            .featurizer
-            .featurize(batch.clone(), st.next_row)
-            .inspect_err(|_| {
+        // Rows before a commit's row (replayed from its segment) are not delivered again.
+        let skip = st.skip_below.saturating_sub(st.next_row).min(rows) as usize;
+        let featurized = if rows == 0 || skip < rows as usize {
+            let featurized = st.featurizer.featurize(batch.clone(), st.next_row);
+            let featurized = featurized.inspect_err(|_| {
                 metrics::counter!(crate::metrics::PUSH_REJECTED, "reason" => "invalid").increment(1)
             })?;
-        if durable && let Some(spool) = &mut st.spool {
+            Some(featurized.slice(skip, rows as usize - skip))
+        } else {
+            None
+        };
+        if live && let Some(spool) = &mut st.spool {
             // Synced before the rows go anywhere: an acknowledged batch is on disk.
             spool
-                .append(&Record::Batch(origin.clone(), batch))
+                .append(&Record::Batch(origin.clone(), batch), st.next_row)
                 .map_err(|e| ServeError::Internal(e.to_string()))?;
+            let segments = spool.segments() as u64;
+            self.counts.segments.store(segments, Ordering::Relaxed);
         }
-        let mut ranked = Vec::new();
-        st.cutter
-            .push(featurized, &mut ranked)
-            .map_err(|e| ServeError::Internal(e.to_string()))?;
-        if let Some(senders) = &st.senders {
-            send_all(senders, ranked)?;
-        }
+        // Admitted once spooled: known before any of its rows can be committed.
         if let Some(o) = origin {
-            st.admitted.insert(o.producer, o.seq);
+            let mut admitted = lock(&self.admitted);
+            let seq = admitted.entry(o.producer).or_insert(o.seq);
+            *seq = (*seq).max(o.seq);
+        }
+        if let Some(featurized) = featurized {
+            let mut ranked = Vec::new();
+            st.cutter
+                .push(featurized, &mut ranked)
+                .map_err(|e| ServeError::Internal(e.to_string()))?;
+            let cut = st.cutter.steps_cut();
+            self.counts.steps_cut.store(cut, Ordering::SeqCst);
+            if let Some(senders) = &st.senders {
+                send_all(senders, ranked)?;
+            }
         }
         st.next_row += rows;
         st.seq += 1;
@@ -163,19 +204,22 @@ impl Pushed {
     }
 
     fn end_locked(&self, st: &mut Ingest, runs: &Runs, durable: bool) -> Result<(), ServeError> {
-        let Some(senders) = st.senders.take() else {
+        if st.senders.is_none() {
             return Ok(()); // ended already
-        };
+        }
         if durable && let Some(spool) = &mut st.spool {
             spool
-                .append(&Record::End)
+                .append(&Record::End, st.next_row)
                 .map_err(|e| ServeError::Internal(e.to_string()))?;
         }
+        let senders = st.senders.take().unwrap_or_default();
         let mut ranked = Vec::new();
         st.dropped = st
             .cutter
             .end(&mut ranked)
             .map_err(|e| ServeError::Internal(e.to_string()))?;
+        let cut = st.cutter.steps_cut();
+        self.counts.steps_cut.store(cut, Ordering::SeqCst);
         send_all(&senders, ranked)?;
         self.counts.dropped.store(st.dropped, Ordering::Relaxed);
         self.counts.ended.store(true, Ordering::Relaxed);
@@ -189,9 +233,13 @@ impl Pushed {
     /// wait for trainers like any push. New pushes wait until it is over.
     pub fn replay(self: &Arc<Self>, spool: Spool, records: Replay, runs: Arc<Runs>) {
         self.counts.durable.store(true, Ordering::Relaxed);
+        let segments = spool.segments() as u64;
+        self.counts.segments.store(segments, Ordering::Relaxed);
+        lock(&self.commits).committer = Some(spool.committer());
         {
             let mut st = lock(&self.state);
             st.spool = Some(spool);
+            st.next_row = records.first_row();
             if records.is_empty() {
                 return;
             }
@@ -214,6 +262,7 @@ impl Pushed {
                     // (it would go after rows never delivered), and say why.
                     eprintln!("hydrant: replaying the spool stopped: {e}");
                     st.replay_failed = Some(e.to_string());
+                    *lock(&this.counts.replay_failed) = Some(e.to_string());
                     break;
                 }
                 this.counts.replayed.fetch_add(1, Ordering::Relaxed);
@@ -229,6 +278,80 @@ impl Pushed {
             eprintln!("hydrant: cannot replay the spool: {e}");
             lock(&self.state).replaying = false;
         }
+    }
+}
+
+impl Pushed {
+    /// Why replaying the spool stopped, if it did (read without the state's lock).
+    pub fn replay_failed(&self) -> Option<String> {
+        lock(&self.counts.replay_failed).clone()
+    }
+
+    /// Starts from `commit` (read back from the state directory) instead of row 0: the
+    /// first step is the committed one, and producers' sequence numbers are known.
+    pub fn resume(&self, commit: &Commit, cutter: StreamCutter) -> Result<(), ServeError> {
+        if cutter.first_row(commit.step) != commit.row {
+            return Err(ServeError::FailedPrecondition(format!(
+                "the commit of step {} was made with another batch size, world size or \
+                 shuffle window; serve with those (or start with an empty --state-dir)",
+                commit.step
+            )));
+        }
+        let mut st = lock(&self.state);
+        st.cutter = cutter;
+        st.skip_below = commit.row;
+        *lock(&self.admitted) = commit.admitted.clone().into_iter().collect();
+        lock(&self.commits).last = Some(commit.step);
+        self.counts
+            .committed
+            .store(commit.step + 1, Ordering::Relaxed);
+        self.counts.steps_cut.store(commit.step, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Commits step `step` (the trainers' checkpoint holds every step before it): a
+    /// restarted server delivers from there, and the spool segments wholly before the rows
+    /// it needs are deleted. An older step than the last commit changes nothing.
+    ///
+    /// Takes no lock a producer holds while it waits for queue space, so a trainer that
+    /// commits between steps cannot stall the producers that feed it (nor they it).
+    pub fn commit(&self, step: u64) -> Result<serde_json::Value, ServeError> {
+        let cut = self.counts.steps_cut.load(Ordering::SeqCst);
+        if step > cut {
+            return Err(ServeError::FailedPrecondition(format!(
+                "step {step} is not delivered yet (every rank has steps up to {cut} only); \
+                 commit the step the trainers will resume at"
+            )));
+        }
+        let mut commits = lock(&self.commits);
+        let step = commits.last.map_or(step, |last| last.max(step));
+        let mut deleted = 0;
+        if commits.last != Some(step)
+            && let Some(committer) = &commits.committer
+        {
+            let row = self
+                .placement
+                .window_start(step.saturating_mul(self.placement.step_rows()));
+            // Every batch whose rows lie before `row` has its sequence number here.
+            let admitted = lock(&self.admitted).clone().into_iter().collect();
+            let commit = Commit {
+                step,
+                row,
+                admitted,
+            };
+            deleted = committer
+                .commit(&commit)
+                .map_err(|e| ServeError::Internal(e.to_string()))?;
+            let segments = committer.segments() as u64;
+            self.counts.segments.store(segments, Ordering::Relaxed);
+        }
+        commits.last = Some(step);
+        self.counts.committed.store(step + 1, Ordering::Relaxed);
+        Ok(serde_json::json!({
+            "committed": step,
+            "durable": commits.committer.is_some(),
+            "deleted_segments": deleted,
+        }))
     }
 }
 

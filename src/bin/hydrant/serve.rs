@@ -57,9 +57,15 @@ pub(crate) struct ServeArgs {
     idle_timeout: u64,
     /// With pushed input (`input = "flight"`): spool each accepted batch here, synced to
     /// disk before it is acknowledged; a server restarted with the same folder delivers
-    /// them again, in the same steps. Without it, pushed input is at-most-once.
+    /// them again, in the same steps, from the trainers' last `commit` on. Without it,
+    /// pushed input is at-most-once.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// The spool's segments grow to this many MiB; a commit deletes the segments wholly
+    /// before the rows its step needs.
+    #[arg(long, default_value_t = hydrant::serve::SEGMENT_BYTES >> 20,
+          value_parser = super::int_in(1u64, 1 << 20))]
+    spool_segment_mib: u64,
     /// Export Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -138,7 +144,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     .with_replay_bytes(args.replay_mib << 20)
     .with_idle_timeout(Duration::from_secs(args.idle_timeout));
     let served = match &args.state_dir {
-        Some(dir) => served.with_state_dir(dir)?,
+        Some(dir) => served.with_state_dir(dir, args.spool_segment_mib << 20)?,
         None => {
             if spec.input == hydrant::InputKind::Flight {
                 eprintln!(

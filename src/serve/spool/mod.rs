@@ -1,0 +1,493 @@
+//! Durable pushed input: every batch DoPut accepts is appended to a log in the state
+//! directory and synced to disk before it is acknowledged, so that an acknowledgement
+//! means the rows will be delivered, after a crash too. A restarted server reads the log
+//! back and admits its batches again, in the same order: rows get the same ids and the
+//! same places, so a trainer resumes at its last step + 1 exactly.
+//!
+//! The log is cut into *segments*, files `pushed-ROW.spool` named by the stream row their
+//! first record starts at (20 digits, so that names sort as rows do); a new one is begun
+//! once the last holds `segment_bytes`. A segment is a sequence of records
+//! `[len u32][xxh64 u64][body]` (little-endian), the body `[header len u32][header JSON]
+//! [Arrow IPC stream of the batch]`. A crash mid-append leaves a torn last record in the
+//! last segment, never acknowledged: reading stops there and cuts it off.
+//!
+//! A trainer's *commit* (`commit.json`, replaced atomically) says from which step a
+//! restarted server delivers: segments wholly before the first row that step needs are
+//! deleted, and the producers' sequence numbers they held are kept in the commit.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+mod record;
+
+pub use record::{Record, Replay};
+use record::{encode, whole_records};
+
+/// Bytes a segment grows to before the next is begun (`--spool-segment-mib`).
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// The commit's file name in the state directory.
+pub const COMMIT_FILE: &str = "commit.json";
+
+/// What a trainer's commit keeps: where a restarted server starts delivering.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Commit {
+    /// The step trainers resume at: every step before it is in their checkpoint.
+    pub step: u64,
+    /// The first stream row that step needs (the start of the shuffle window holding
+    /// its first position): the rows before it are never delivered again.
+    pub row: u64,
+    /// Each named producer's highest admitted `seq` when the commit was made, so that
+    /// retries of batches in deleted segments are still known as duplicates.
+    pub admitted: BTreeMap<String, u64>,
+}
+
+/// Each segment's first row and path, oldest first; the last is the one appended to.
+type Segments = Arc<Mutex<Vec<(u64, PathBuf)>>>;
+
+/// The open log, appended to.
+pub struct Spool {
+    dir: PathBuf,
+    segments: Segments,
+    file: File,
+    /// Bytes in `file`.
+    len: u64,
+    segment_bytes: u64,
+}
+
+/// Makes commits durable and deletes the segments they leave behind, beside the
+/// [`Spool`] that appends (commits do not wait for an append that waits for trainers).
+pub struct Committer {
+    dir: PathBuf,
+    segments: Segments,
+}
+
+/// What [`Spool::open`] found in the state directory.
+pub struct Opened {
+    /// The log, ready for appends after its last whole record.
+    pub spool: Spool,
+    /// The last commit, if any was made.
+    pub commit: Option<Commit>,
+    /// The records from the commit's segment on (every record without one).
+    pub replay: Replay,
+}
+
+pub(super) fn state_error(path: &Path, e: &dyn std::fmt::Display) -> Error {
+    Error::State {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+fn segment_path(dir: &Path, first_row: u64) -> PathBuf {
+    dir.join(format!("pushed-{first_row:020}.spool"))
+}
+
+/// The first row a segment's file name gives, if it names a segment.
+fn segment_row(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("pushed-")?.strip_suffix(".spool")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// Makes the directory's entries (a file created, renamed or removed) durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl Spool {
+    /// Opens the log in `dir` (creating both), deletes the segments a commit left behind,
+    /// cuts off a torn last record, and returns the log with the last commit and a reader
+    /// of the records still to admit (read as replayed: memory does not grow with the
+    /// log). Segments of `segment_bytes` are begun from now on.
+    pub fn open(dir: &Path, segment_bytes: u64) -> Result<Opened> {
+        std::fs::create_dir_all(dir).map_err(|e| state_error(dir, &e))?;
+        let commit = read_commit(dir)?;
+        let mut segments = list_segments(dir)?;
+        if segments.is_empty() {
+            let first = commit.as_ref().map_or(0, |c| c.row);
+            let path = segment_path(dir, first);
+            File::create(&path).map_err(|e| state_error(&path, &e))?;
+            sync_dir(dir).map_err(|e| state_error(dir, &e))?;
+            segments.push((first, path));
+        }
+        let keep = commit.as_ref().map_or(0, |c| c.row);
+        let deleted = trim(&mut segments, keep)?;
+        if deleted > 0 {
+            sync_dir(dir).map_err(|e| state_error(dir, &e))?;
+        }
+        if segments[0].0 > keep {
+            return Err(state_error(
+                &segments[0].1,
+                &format!(
+                    "the commit needs rows from {keep} on, but the oldest segment starts at \
+                     row {}: segments are missing",
+                    segments[0].0
+                ),
+            ));
+        }
+        let mut replay = Vec::new();
+        let last = segments.len() - 1;
+        for (i, (first, path)) in segments.iter().enumerate() {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(i == last)
+                .open(path)
+                .map_err(|e| state_error(path, &e))?;
+            let len = file.metadata().map_err(|e| state_error(path, &e))?.len();
+            let whole = whole_records(&file).map_err(|e| state_error(path, &e))?;
+            if whole < len {
+                if i < last {
+                    // Only the last segment is appended to: a short one before it is damage.
+                    return Err(state_error(
+                        path,
+                        &format!("the record at byte {whole} is damaged"),
+                    ));
+                }
+                file.set_len(whole).map_err(|e| state_error(path, &e))?;
+                file.sync_all().map_err(|e| state_error(path, &e))?;
+            }
+            replay.push((*first, path.clone(), whole));
+        }
+        let (_, path) = &segments[last];
+        let mut file = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| state_error(path, &e))?;
+        let len = file
+            .seek(SeekFrom::End(0))
+            .map_err(|e| state_error(path, &e))?;
+        Ok(Opened {
+            spool: Spool {
+                dir: dir.to_path_buf(),
+                segments: Arc::new(Mutex::new(segments)),
+                file,
+                len,
+                segment_bytes,
+            },
+            commit,
+            replay: Replay::new(replay),
+        })
+    }
+
+    /// Appends a record whose rows start at stream row `row`, and syncs it to disk. A
+    /// failed append (a full disk) is undone, so that no torn record sits before the ones
+    /// appended after it.
+    pub fn append(&mut self, record: &Record, row: u64) -> Result<()> {
+        let bytes = encode(record)?;
+        let current = lock(&self.segments).last().map_or(0, |s| s.0);
+        // A segment holding rows is full: the next begins at this record (never two
+        // segments of one first row, which a run of empty batches could ask for).
+        if self.len >= self.segment_bytes && row > current {
+            self.begin_segment(row)?;
+        }
+        let path = lock(&self.segments)
+            .last()
+            .map(|s| s.1.clone())
+            .unwrap_or_default();
+        let failed = |e: std::io::Error| Error::State {
+            path: path.clone(),
+            reason: format!("cannot spool a pushed batch: {e}"),
+        };
+        let written = self
+            .file
+            .write_all(&bytes)
+            .and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            let undone = self
+                .file
+                .set_len(self.len)
+                .and_then(|()| self.file.seek(SeekFrom::Start(self.len)));
+            return Err(failed(match undone {
+                Ok(_) => e,
+                Err(u) => std::io::Error::other(format!("{e}; undoing it failed too: {u}")),
+            }));
+        }
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn begin_segment(&mut self, row: u64) -> Result<()> {
+        let path = segment_path(&self.dir, row);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| state_error(&path, &e))?;
+        // The new name is durable before a record in it is acknowledged.
+        sync_dir(&self.dir).map_err(|e| state_error(&self.dir, &e))?;
+        self.file = file;
+        self.len = 0;
+        lock(&self.segments).push((row, path));
+        Ok(())
+    }
+
+    /// Segments on disk.
+    pub fn segments(&self) -> usize {
+        lock(&self.segments).len()
+    }
+
+    /// What makes commits, beside this log.
+    pub fn committer(&self) -> Committer {
+        Committer {
+            dir: self.dir.clone(),
+            segments: self.segments.clone(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Committer {
+    /// Makes `commit` durable (the old one is replaced atomically), then deletes the
+    /// segments wholly before its row. Returns how many were deleted.
+    pub fn commit(&self, commit: &Commit) -> Result<usize> {
+        let path = self.dir.join(COMMIT_FILE);
+        let tmp = self.dir.join(format!("{COMMIT_FILE}.tmp"));
+        let json = serde_json::to_vec(commit).map_err(|e| state_error(&path, &e))?;
+        let written = File::create(&tmp)
+            .and_then(|mut f| f.write_all(&json).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .and_then(|()| sync_dir(&self.dir));
+        written.map_err(|e| state_error(&path, &format!("cannot save the commit: {e}")))?;
+        // The segment appended to is never deleted: appends need no lock of this.
+        let deleted = trim(&mut lock(&self.segments), commit.row)?;
+        if deleted > 0 {
+            sync_dir(&self.dir).map_err(|e| state_error(&self.dir, &e))?;
+        }
+        Ok(deleted)
+    }
+
+    /// Segments on disk.
+    pub fn segments(&self) -> usize {
+        lock(&self.segments).len()
+    }
+}
+
+fn read_commit(dir: &Path) -> Result<Option<Commit>> {
+    let path = dir.join(COMMIT_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| state_error(&path, &e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(state_error(&path, &e)),
+    }
+}
+
+/// The segments in `dir`, oldest first.
+fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut segments = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| state_error(dir, &e))? {
+        let entry = entry.map_err(|e| state_error(dir, &e))?;
+        if let Some(row) = entry.file_name().to_str().and_then(segment_row) {
+            segments.push((row, entry.path()));
+        }
+    }
+    segments.sort();
+    Ok(segments)
+}
+
+/// Deletes the segments whose rows all lie before `row` (the next one starts at or before
+/// it); the last segment stays. Returns how many went.
+fn trim(segments: &mut Vec<(u64, PathBuf)>, row: u64) -> Result<usize> {
+    let before = segments.partition_point(|s| s.0 <= row).saturating_sub(1);
+    for (_, path) in segments.drain(..before) {
+        std::fs::remove_file(&path).map_err(|e| state_error(&path, &e))?;
+    }
+    Ok(before)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use hydrant_flight::Origin;
+
+    use super::*;
+
+    fn batch(first: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        RecordBatch::try_new(
+            schema,
+            vec![Arc::new(Int64Array::from_iter_values(first..first + 3))],
+        )
+        .unwrap()
+    }
+
+    fn origin(producer: &str, seq: u64) -> Option<Origin> {
+        Some(Origin {
+            producer: producer.into(),
+            seq,
+        })
+    }
+
+    /// Appends `records` from row `row` on; returns the row after them.
+    fn append_all(spool: &mut Spool, records: &[Record], mut row: u64) -> u64 {
+        for r in records {
+            spool.append(r, row).unwrap();
+            row += r.rows();
+        }
+        row
+    }
+
+    fn segment_names(dir: &Path) -> Vec<u64> {
+        list_segments(dir)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.0)
+            .collect()
+    }
+
+    #[test]
+    fn records_come_back_in_order_and_a_torn_tail_is_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = vec![
+            Record::Batch(origin("a", 0), batch(0)),
+            Record::Batch(None, batch(10)),
+            Record::Batch(origin("a", 1), batch(20)),
+            Record::End,
+        ];
+        {
+            let mut opened = Spool::open(dir.path(), SEGMENT_BYTES).unwrap();
+            assert!(opened.replay.is_empty() && opened.commit.is_none());
+            assert_eq!(opened.replay.count(), 0);
+            append_all(&mut opened.spool, &written, 0);
+        }
+        let path = segment_path(dir.path(), 0);
+        let whole = std::fs::metadata(&path).unwrap().len();
+        // A crash mid-append: part of a record after the whole ones.
+        let torn = encode(&Record::Batch(origin("b", 7), batch(30))).unwrap();
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(&torn[..torn.len() - 5]).unwrap();
+        drop(f);
+        let mut opened = Spool::open(dir.path(), SEGMENT_BYTES).unwrap();
+        let read: Vec<_> = opened.replay.map(Result::unwrap).collect();
+        assert_eq!(read, written);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
+        // Appends go after the whole records.
+        let record = Record::Batch(origin("b", 7), batch(30));
+        opened.spool.append(&record, 9).unwrap();
+        let opened = Spool::open(dir.path(), SEGMENT_BYTES).unwrap();
+        assert_eq!(opened.replay.count(), 5);
+    }
+
+    #[test]
+    fn a_damaged_record_that_checks_out_is_an_error_when_replayed_not_a_silent_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = b"\x02\x00\x00\x00{}garbage";
+        let mut bytes = (body.len() as u32).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&xxhash_rust::xxh64::xxh64(body, 0).to_le_bytes());
+        bytes.extend_from_slice(body);
+        std::fs::write(segment_path(dir.path(), 0), bytes).unwrap();
+        let mut replay = Spool::open(dir.path(), SEGMENT_BYTES).unwrap().replay;
+        let err = replay.next().unwrap().unwrap_err().to_string();
+        assert!(
+            err.contains("pushed-00000000000000000000.spool") && err.contains("record at byte 0"),
+            "{err}"
+        );
+        assert!(replay.next().is_none(), "nothing is read after an error");
+    }
+
+    #[test]
+    fn segments_roll_and_a_commit_deletes_only_those_wholly_before_its_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<_> = (0..5)
+            .map(|i| Record::Batch(origin("p", i), batch(3 * i as i64)))
+            .collect();
+        let mut opened = Spool::open(dir.path(), 1).unwrap();
+        append_all(&mut opened.spool, &records, 0);
+        // Each segment filled at its first record: one per record.
+        assert_eq!(segment_names(dir.path()), [0, 3, 6, 9, 12]);
+        let commit = Commit {
+            step: 1,
+            row: 7,
+            admitted: [("p".to_string(), 4)].into(),
+        };
+        // Rows 0..6 are wholly before row 7; the segment holding it stays.
+        assert_eq!(opened.spool.committer().commit(&commit).unwrap(), 2);
+        assert_eq!(segment_names(dir.path()), [6, 9, 12]);
+        // A commit at an earlier row deletes nothing more.
+        assert_eq!(
+            opened
+                .spool
+                .committer()
+                .commit(&Commit {
+                    row: 6,
+                    ..commit.clone()
+                })
+                .unwrap(),
+            0
+        );
+        opened.spool.committer().commit(&commit).unwrap();
+        drop(opened);
+        let opened = Spool::open(dir.path(), 1).unwrap();
+        assert_eq!(opened.commit, Some(commit));
+        assert_eq!(opened.replay.first_row(), 6);
+        let read: Vec<_> = opened.replay.map(Result::unwrap).collect();
+        assert_eq!(read, records[2..]);
+    }
+
+    #[test]
+    fn missing_or_damaged_segments_are_errors_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<_> = (0..4).map(|i| Record::Batch(None, batch(i))).collect();
+        append_all(&mut Spool::open(dir.path(), 1).unwrap().spool, &records, 0);
+        // A segment gone from the middle: the replay stops at the gap.
+        std::fs::remove_file(segment_path(dir.path(), 6)).unwrap();
+        let replay = Spool::open(dir.path(), 1).unwrap().replay;
+        let read: Vec<_> = replay.collect();
+        assert_eq!(read.len(), 3);
+        let err = read[2].as_ref().unwrap_err().to_string();
+        assert!(
+            err.contains("starts at row 9") && err.contains("ends at row 6"),
+            "{err}"
+        );
+        // A segment before the last cut short: damage, not a torn tail.
+        let path = segment_path(dir.path(), 3);
+        let len = std::fs::metadata(&path).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 1)
+            .unwrap();
+        let err = Spool::open(dir.path(), 1).err().unwrap().to_string();
+        assert!(
+            err.contains("pushed-00000000000000000003.spool") && err.contains("damaged"),
+            "{err}"
+        );
+        // A commit that needs rows no segment holds.
+        let dir = tempfile::tempdir().unwrap();
+        let commit = Commit {
+            step: 1,
+            row: 8,
+            admitted: Default::default(),
+        };
+        std::fs::write(
+            dir.path().join(COMMIT_FILE),
+            serde_json::to_vec(&commit).unwrap(),
+        )
+        .unwrap();
+        File::create(segment_path(dir.path(), 9)).unwrap();
+        let err = Spool::open(dir.path(), 1).err().unwrap().to_string();
+        assert!(err.contains("segments are missing"), "{err}");
+        // A commit file that is not one.
+        std::fs::write(dir.path().join(COMMIT_FILE), b"{\"step\": -1}").unwrap();
+        let err = Spool::open(dir.path(), 1).err().unwrap().to_string();
+        assert!(err.contains(COMMIT_FILE), "{err}");
+    }
+}
