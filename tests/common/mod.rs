@@ -12,6 +12,8 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type, UInt64Type};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+pub mod pushed;
+
 /// The criteo pipeline shipped in examples/.
 pub fn criteo_toml() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/criteo.toml")
