@@ -7,6 +7,8 @@ pub const ROWS_OUT: &str = "hydrant_rows_out_total";
 pub const PUSHED_ROWS: &str = "hydrant_pushed_rows_total";
 /// Counter: pushed batches rejected (label `reason`).
 pub const PUSH_REJECTED: &str = "hydrant_push_rejected_total";
+/// Counter: followed files skipped (wholly or from a bad batch on).
+pub const FOLLOW_SKIPPED: &str = "hydrant_follow_skipped_files_total";
 /// Counter: batches sent to a rank over Flight (label `rank`).
 pub const RANK_BATCHES: &str = "hydrant_rank_batches_total";
 /// Counter: bytes of the batches sent to a rank (label `rank`).

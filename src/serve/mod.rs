@@ -28,11 +28,14 @@ use crate::runtime::{self, Channels, Cluster, Job, Output};
 use crate::source::Inputs;
 use crate::spec::PipelineSpec;
 
+mod follow;
 mod push;
 mod run;
 mod spool;
 mod stream;
 
+use follow::FollowCounts;
+pub use follow::MANIFEST_FILE;
 pub use push::PushFeaturizer;
 use push::{Ingest, Pushed};
 use run::{Run, lock};
@@ -80,6 +83,10 @@ pub struct ServedPipeline {
     /// Rows the file runs have featurized, all runs together (a catch-up run adds only
     /// its rank's rows).
     featurized: Arc<std::sync::atomic::AtomicU64>,
+    /// Rows per batch read from a followed folder's files.
+    read_rows: usize,
+    /// What `status` reports of a followed folder.
+    follow: Option<Arc<FollowCounts>>,
 }
 
 impl ServedPipeline {
@@ -138,6 +145,77 @@ impl ServedPipeline {
         Ok(self)
     }
 
+    /// Takes the rows of the Parquet and Arrow IPC files that appear in `dir` instead of
+    /// pushes: one endless epoch, files admitted in name order as they appear (names
+    /// starting with `_` or `.` are not data). With `state_dir`, each admission is
+    /// recorded there before its rows go anywhere, and a restarted server admits the
+    /// recorded files again, in the same order, from the last commit on.
+    pub fn follow(
+        mut self,
+        dir: &std::path::Path,
+        state_dir: Option<&std::path::Path>,
+    ) -> crate::Result<Self> {
+        let Some(ingest) = self.ingest.clone() else {
+            return Err(crate::Error::Usage(format!(
+                "pipeline `{}` reads files given at start; it cannot follow a folder",
+                self.name
+            )));
+        };
+        follow::check_folder(dir)?;
+        ingest.follow_only();
+        let (mut manifest, mut recorded) = (None, Vec::new());
+        let mut replay_from = 0;
+        if let Some(sd) = state_dir {
+            let (m, admissions) = follow::Manifest::open(sd)?;
+            (manifest, recorded) = (Some(m), admissions);
+            if let Some(commit) = spool::read_commit(sd)? {
+                let cutter = StreamCutter::from_step(
+                    *self.delivery.plan.placement(),
+                    &self.plan.output_schema(),
+                    self.state.version,
+                    commit.step,
+                )?;
+                ingest
+                    .resume(&commit, cutter)
+                    .map_err(|e| crate::Error::State {
+                        path: sd.join(COMMIT_FILE),
+                        reason: e.to_string(),
+                    })?;
+                self.new_pushed_run(&ingest, commit.step);
+                replay_from = commit.row;
+            }
+            ingest.commit_to(spool::Committer::standalone(sd));
+        }
+        // Files wholly before the commit's row are not read again.
+        let seen = recorded.iter().map(|a| a.file.clone()).collect();
+        let first = recorded
+            .iter()
+            .position(|a| a.rows.is_none_or(|r| a.row + r > replay_from))
+            .unwrap_or(recorded.len());
+        let next_row = match recorded.get(first) {
+            Some(a) => a.row,
+            None => recorded.last().map_or(0, |a| a.row + a.rows.unwrap_or(0)),
+        };
+        ingest.set_next_row(next_row);
+        let counts = Arc::new(FollowCounts::default());
+        // Files admitted before (and not read again) count as admitted.
+        counts.files.store(first as u64, Ordering::Relaxed);
+        self.follow = Some(counts.clone());
+        let follower = follow::Follower {
+            pushed: Arc::downgrade(&ingest),
+            dir: dir.to_path_buf(),
+            manifest,
+            batch_rows: self.read_rows,
+            counts,
+        };
+        let replay = recorded.split_off(first);
+        std::thread::Builder::new()
+            .name("hydrant-follow".into())
+            .spawn(move || follower.run(seen, replay))
+            .map_err(|e| crate::Error::Usage(format!("cannot follow {}: {e}", dir.display())))?;
+        Ok(self)
+    }
+
     /// Forgets a run once no stream has read it for `timeout` (default [`IDLE_TIMEOUT`]).
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
@@ -179,6 +257,8 @@ impl ServedPipeline {
             redact,
             shared_epochs: Mutex::default(),
             featurized: Default::default(),
+            read_rows: 0,
+            follow: None,
             name: name.to_string(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: Some(inputs),
@@ -215,6 +295,8 @@ impl ServedPipeline {
             Arc::from([]),
         );
         Ok(ServedPipeline {
+            read_rows: spec.batch_rows,
+            follow: None,
             name: spec.name.clone(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: None,
@@ -544,6 +626,7 @@ impl Served for ServedPipeline {
                     "steps_cut": p.steps_cut.load(Ordering::SeqCst),
                     "committed_step": p.committed.load(Ordering::Relaxed).checked_sub(1),
                     "spool_segments": p.segments.load(Ordering::Relaxed),
+                    "follow": self.follow.as_ref().map(|f| f.status()),
                 })
             }),
             "runs": runs.iter().map(|r| r.status()).collect::<Vec<_>>(),

@@ -31,6 +31,8 @@ pub(super) struct Pushed {
     commits: Mutex<Commits>,
     /// How rows are placed (where a committed step's rows start).
     placement: Placement,
+    /// Rows come from a followed folder, not from producers.
+    followed: AtomicBool,
     /// Signalled when the replay of the spool is over.
     replayed: Condvar,
     /// What `status` reports, readable while a producer holds the lock (it may wait there
@@ -92,6 +94,7 @@ impl Pushed {
             admitted: Mutex::default(),
             commits: Mutex::default(),
             placement,
+            followed: AtomicBool::new(false),
             replayed: Condvar::new(),
             counts: PushCounts::default(),
         }
@@ -112,8 +115,47 @@ impl Pushed {
         batch: RecordBatch,
         origin: Option<Origin>,
     ) -> Result<Accepted, ServeError> {
+        if self.followed.load(Ordering::Relaxed) {
+            return Err(ServeError::FailedPrecondition(
+                "this pipeline follows a folder; it takes no pushed input".into(),
+            ));
+        }
         let mut guard = self.lock();
         self.admit(&mut guard, batch, origin, true)
+    }
+
+    /// Admits a batch of a followed folder's file.
+    pub fn admit_followed(&self, batch: RecordBatch) -> Result<(), ServeError> {
+        let mut guard = self.lock();
+        self.admit(&mut guard, batch, None, true).map(|_| ())
+    }
+
+    /// Rows come from a followed folder: producers are refused.
+    pub fn follow_only(&self) {
+        self.followed.store(true, Ordering::Relaxed);
+    }
+
+    /// The stream row the next admitted row takes.
+    pub fn next_row(&self) -> u64 {
+        self.lock().next_row
+    }
+
+    /// Makes the next admitted row take stream row `row` (a followed folder replayed from
+    /// a commit starts past 0).
+    pub fn set_next_row(&self, row: u64) {
+        self.lock().next_row = row;
+    }
+
+    /// Takes no more input, saying why (the input could not be made durable).
+    pub fn fail(&self, why: String) {
+        *lock(&self.counts.replay_failed) = Some(why.clone());
+        self.lock().replay_failed = Some(why);
+    }
+
+    /// Makes commits durable in a state directory that holds no spool (a followed folder).
+    pub fn commit_to(&self, committer: Committer) {
+        self.counts.durable.store(true, Ordering::Relaxed);
+        lock(&self.commits).committer = Some(committer);
     }
 
     /// Admits `batch`: a producer's push (`live`), or a record read back from the spool

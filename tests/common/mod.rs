@@ -325,3 +325,16 @@ pub fn serve_criteo(data: &Path, state: &Path, extra: &[&str]) -> (Server, Strin
     args.extend(extra.iter().map(OsStr::new));
     serve(&args)
 }
+
+/// The row ids of a served batch's real rows (not padding).
+pub fn real_row_ids(batch: &RecordBatch) -> Vec<u64> {
+    let ids = batch
+        .column_by_name("row_id")
+        .unwrap()
+        .as_primitive::<UInt64Type>();
+    let padding = batch.column_by_name("is_padding").unwrap().as_boolean();
+    (0..batch.num_rows())
+        .filter(|&r| !padding.value(r))
+        .map(|r| ids.value(r))
+        .collect()
+}

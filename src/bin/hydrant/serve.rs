@@ -61,6 +61,12 @@ pub(crate) struct ServeArgs {
     /// pushed input is at-most-once.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Stream the Parquet / Arrow IPC files that appear in DIR (instead of --input): one
+    /// endless epoch, files admitted in name order as they appear; names starting with `_`
+    /// or `.` are not data. Needs --state. With --state-dir, admissions are recorded there
+    /// and a restarted server replays them from the trainers' last `commit`.
+    #[arg(long, value_name = "DIR")]
+    follow: Option<PathBuf>,
     /// The spool's segments grow to this many MiB; a commit deletes the segments wholly
     /// before the rows its step needs.
     #[arg(long, default_value_t = hydrant::serve::SEGMENT_BYTES >> 20,
@@ -113,7 +119,13 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         None => None,
     };
     let spec = PipelineSpec::from_file(&args.common.pipeline)?;
-    let served = if spec.input == hydrant::InputKind::Flight {
+    if args.follow.is_some() && spec.input == hydrant::InputKind::Flight {
+        return Err(Error::Usage(format!(
+            "pipeline `{}` takes pushed input (input = \"flight\"); it cannot also --follow",
+            spec.name
+        )));
+    }
+    let served = if spec.input == hydrant::InputKind::Flight || args.follow.is_some() {
         ingest_pipeline(args, spec.clone())?
     } else {
         let pipeline = prepare(&args.common, args.state.as_deref(), Some(&args.delivery))?;
@@ -143,9 +155,10 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     }
     .with_replay_bytes(args.replay_mib << 20)
     .with_idle_timeout(Duration::from_secs(args.idle_timeout));
-    let served = match &args.state_dir {
-        Some(dir) => served.with_state_dir(dir, args.spool_segment_mib << 20)?,
-        None => {
+    let served = match (&args.follow, &args.state_dir) {
+        (Some(folder), state_dir) => served.follow(folder, state_dir.as_deref())?,
+        (None, Some(dir)) => served.with_state_dir(dir, args.spool_segment_mib << 20)?,
+        (None, None) => {
             if spec.input == hydrant::InputKind::Flight {
                 eprintln!(
                     "hydrant: pushed input is at-most-once without --state-dir: rows \
@@ -291,16 +304,20 @@ async fn shutdown_signal() {
 
 /// A pipeline whose input is pushed over Flight: needs a state, takes no files.
 fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serve::ServedPipeline> {
+    let what = match args.follow {
+        Some(_) => "follows a folder (--follow)",
+        None => "takes pushed input (input = \"flight\")",
+    };
     if !args.common.input.is_empty() {
         return Err(Error::Usage(format!(
-            "pipeline `{}` takes pushed input (input = \"flight\"): give no --input",
+            "pipeline `{}` {what}: give no --input",
             spec.name
         )));
     }
     let path = args.state.as_deref().ok_or_else(|| {
         Error::Usage(format!(
-            "pipeline `{}` takes pushed input: give --state (statistics cannot be fitted on \
-             a stream that has not arrived)",
+            "pipeline `{}` {what}: give --state (statistics cannot be fitted on a stream \
+             that has not arrived)",
             spec.name
         ))
     })?;

@@ -250,6 +250,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Committer {
+    /// A committer for a state directory without a spool (a followed folder's).
+    pub fn standalone(dir: &Path) -> Self {
+        Committer {
+            dir: dir.to_path_buf(),
+            segments: Arc::default(),
+        }
+    }
+
     /// Makes `commit` durable (the old one is replaced atomically), then deletes the
     /// segments wholly before its row. Returns how many were deleted.
     pub fn commit(&self, commit: &Commit) -> Result<usize> {
@@ -275,7 +283,8 @@ impl Committer {
     }
 }
 
-fn read_commit(dir: &Path) -> Result<Option<Commit>> {
+/// The last commit made in `dir`, if any.
+pub fn read_commit(dir: &Path) -> Result<Option<Commit>> {
     let path = dir.join(COMMIT_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)

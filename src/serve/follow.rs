@@ -1,0 +1,420 @@
+//! Following a folder: Parquet and Arrow IPC files that appear in it are admitted to one
+//! endless epoch, as pushed batches are, in a deterministic order. Names starting with `_`
+//! or `.` are ignored (Spark's committers write temporary files that way and rename them
+//! into place), and so are other extensions: a visible file is a complete one.
+//!
+//! With a state directory, each admission is recorded in an append-only manifest
+//! (`follow.manifest`, one JSON line per event, synced before the file's rows go
+//! anywhere): a `begin` line with the file and the stream row its rows start at, an `end`
+//! line with the rows admitted (and why the rest were skipped, for a bad file). A
+//! restarted server admits the recorded files again in the recorded order — the same rows
+//! at the same positions — from the last commit's row on, then follows new ones. Files
+//! are the user's: they are never deleted.
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use hydrant_flight::ServeError;
+use hydrant_operators::ROW_ID;
+use serde::{Deserialize, Serialize};
+
+use super::push::Pushed;
+use super::run::lock;
+use super::spool::state_error;
+use crate::error::{Error, Result};
+use crate::source::Inputs;
+
+/// The manifest's file name in the state directory.
+pub const MANIFEST_FILE: &str = "follow.manifest";
+
+/// How often the folder is listed.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// Skipped files `status` lists, the latest last.
+const SKIPPED_SHOWN: usize = 16;
+
+/// A line of the manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
+enum Line {
+    /// A file's admission began; its rows start at stream row `row`.
+    Begin { file: String, row: u64 },
+    /// It ended with `rows` admitted; `error` says why the rest were skipped.
+    End {
+        file: String,
+        rows: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+}
+
+/// A file the manifest says was admitted (or begun: `rows` unknown).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Admission {
+    pub file: String,
+    pub row: u64,
+    pub rows: Option<u64>,
+}
+
+/// The manifest, appended to.
+pub(super) struct Manifest {
+    file: File,
+    path: PathBuf,
+}
+
+impl Manifest {
+    /// Opens the manifest in `dir` (creating it), cuts off a torn last line, and returns
+    /// it with the admissions it records, in order.
+    pub fn open(dir: &Path) -> Result<(Manifest, Vec<Admission>)> {
+        std::fs::create_dir_all(dir).map_err(|e| state_error(dir, &e))?;
+        let path = dir.join(MANIFEST_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(|e| state_error(&path, &e))?;
+        let (mut admissions, mut whole) = (Vec::<Admission>::new(), 0u64);
+        let mut reader = std::io::BufReader::new(&file);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader
+                .read_line(&mut line)
+                .map_err(|e| state_error(&path, &e))?;
+            if n == 0 || !line.ends_with('\n') {
+                break; // the end, or a line torn by a crash: never counted
+            }
+            let parsed: Line = serde_json::from_str(&line).map_err(|e| {
+                state_error(&path, &format!("the line at byte {whole} is damaged: {e}"))
+            })?;
+            match parsed {
+                Line::Begin { file, row } => admissions.push(Admission {
+                    file,
+                    row,
+                    rows: None,
+                }),
+                Line::End { file, rows, .. } => match admissions.last_mut() {
+                    Some(a) if a.file == file && a.rows.is_none() => a.rows = Some(rows),
+                    _ => {
+                        let why = format!("`end` of {file} at byte {whole} has no `begin`");
+                        return Err(state_error(&path, &why));
+                    }
+                },
+            }
+            whole += n as u64;
+        }
+        drop(reader);
+        if whole < file.metadata().map_err(|e| state_error(&path, &e))?.len() {
+            file.set_len(whole).map_err(|e| state_error(&path, &e))?;
+            file.sync_all().map_err(|e| state_error(&path, &e))?;
+        }
+        file.seek(SeekFrom::End(0))
+            .map_err(|e| state_error(&path, &e))?;
+        Ok((Manifest { file, path }, admissions))
+    }
+
+    fn append(&mut self, line: &Line) -> Result<()> {
+        let mut bytes = serde_json::to_vec(line).map_err(|e| state_error(&self.path, &e))?;
+        bytes.push(b'\n');
+        self.file
+            .write_all(&bytes)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| state_error(&self.path, &format!("cannot record an admission: {e}")))
+    }
+}
+
+/// What `status` reports of a followed folder.
+#[derive(Default)]
+pub(super) struct FollowCounts {
+    pub files: AtomicU64,
+    pub skipped_files: AtomicU64,
+    /// The latest skipped files and why.
+    pub skipped: Mutex<Vec<(String, String)>>,
+}
+
+impl FollowCounts {
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "files": self.files.load(Ordering::Relaxed),
+            "skipped_files": self.skipped_files.load(Ordering::Relaxed),
+            "skipped": lock(&self.skipped).iter().map(|(file, error)| {
+                serde_json::json!({"file": file, "error": error})
+            }).collect::<Vec<_>>(),
+        })
+    }
+
+    fn skip(&self, file: &str, error: &str) {
+        eprintln!("hydrant: skipping the rest of followed file {file}: {error}");
+        metrics::counter!(crate::metrics::FOLLOW_SKIPPED).increment(1);
+        self.skipped_files.fetch_add(1, Ordering::Relaxed);
+        let mut skipped = lock(&self.skipped);
+        skipped.push((file.to_string(), error.to_string()));
+        let over = skipped.len().saturating_sub(SKIPPED_SHOWN);
+        skipped.drain(..over);
+    }
+}
+
+/// Admits the files of a folder as they appear, on a thread of its own.
+pub(super) struct Follower {
+    pub pushed: Weak<Pushed>,
+    pub dir: PathBuf,
+    pub manifest: Option<Manifest>,
+    pub batch_rows: usize,
+    pub counts: Arc<FollowCounts>,
+}
+
+/// Why following stopped.
+enum Stop {
+    /// The pipeline is gone or its input was ended.
+    Over,
+    /// The manifest could not be written: nothing more may be admitted.
+    Failed(String),
+}
+
+impl Follower {
+    /// Admits `replay` (from the manifest) again, then every new file, until the pipeline
+    /// goes or its input is ended.
+    /// (`seen` holds the files recorded before, `replay` those of them to admit again.)
+    pub fn run(mut self, seen: HashSet<String>, replay: Vec<Admission>) {
+        let mut seen = seen;
+        let mut todo: Vec<(Admission, bool)> = replay.into_iter().map(|a| (a, true)).collect();
+        loop {
+            for (a, replayed) in std::mem::take(&mut todo) {
+                match self.admit(&a, replayed) {
+                    Ok(()) => {}
+                    Err(Stop::Over) => return,
+                    Err(Stop::Failed(e)) => {
+                        eprintln!("hydrant: following {} stopped: {e}", self.dir.display());
+                        if let Some(p) = self.pushed.upgrade() {
+                            p.fail(e);
+                        }
+                        return;
+                    }
+                }
+            }
+            std::thread::sleep(POLL);
+            let Some(pushed) = self.pushed.upgrade() else {
+                return;
+            };
+            drop(pushed);
+            // New files in name order; each takes its rows from where the last ended.
+            todo = self
+                .new_files(&mut seen)
+                .into_iter()
+                .map(|file| {
+                    let a = Admission {
+                        file,
+                        row: 0,
+                        rows: None,
+                    };
+                    (a, false)
+                })
+                .collect();
+        }
+    }
+
+    /// Eligible files not seen yet, in name order.
+    fn new_files(&self, seen: &mut HashSet<String>) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| eligible(n) && !seen.contains(n))
+            .collect();
+        names.sort();
+        seen.extend(names.iter().cloned());
+        names
+    }
+
+    /// Admits one file: recorded (unless `replayed` from the manifest), then its rows
+    /// (as many as recorded, when they were).
+    fn admit(&mut self, a: &Admission, replayed: bool) -> std::result::Result<(), Stop> {
+        let pushed = self.pushed.upgrade().ok_or(Stop::Over)?;
+        let row = pushed.next_row();
+        if replayed && a.row != row {
+            let why = format!(
+                "the manifest puts {} at row {}, but the files before it end at row {row}",
+                a.file, a.row
+            );
+            return Err(Stop::Failed(why));
+        }
+        if let Some(m) = &mut self.manifest
+            && !replayed
+        {
+            let begin = Line::Begin {
+                file: a.file.clone(),
+                row,
+            };
+            m.append(&begin).map_err(|e| Stop::Failed(e.to_string()))?;
+        }
+        let (rows, error) = self.admit_rows(&pushed, &a.file, a.rows)?;
+        // Clients are told the file's name in the folder, not the server's path.
+        let path = self.dir.join(&a.file).display().to_string();
+        let error = error.map(|e| e.replace(&path, &a.file));
+        if let Some(e) = &error {
+            self.counts.skip(&a.file, e);
+        }
+        if let Some(want) = a.rows
+            && rows != want
+        {
+            let why = format!("{} gave {rows} rows, {want} when first admitted", a.file);
+            return Err(Stop::Failed(why));
+        }
+        if let Some(m) = &mut self.manifest
+            && a.rows.is_none()
+        {
+            let end = Line::End {
+                file: a.file.clone(),
+                rows,
+                error,
+            };
+            m.append(&end).map_err(|e| Stop::Failed(e.to_string()))?;
+        }
+        self.counts.files.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Admits the rows of `file` (at most `limit`); returns how many, and why it stopped
+    /// short, if it did. A file that cannot be read from some batch on is skipped from
+    /// there (the rows before it stay admitted, as they were delivered).
+    fn admit_rows(
+        &self,
+        pushed: &Pushed,
+        file: &str,
+        limit: Option<u64>,
+    ) -> std::result::Result<(u64, Option<String>), Stop> {
+        let path = self.dir.join(file);
+        let inputs = match Inputs::open(std::slice::from_ref(&path), self.batch_rows) {
+            Ok(i) => i,
+            Err(e) => return Ok((0, Some(e.to_string()))),
+        };
+        let mut rows = 0u64;
+        for unit in inputs.units() {
+            let batches = match inputs.read(unit) {
+                Ok(b) => b,
+                Err(e) => return Ok((rows, Some(e.to_string()))),
+            };
+            for batch in batches {
+                let mut data = match batch {
+                    Ok(b) => b.data,
+                    Err(e) => return Ok((rows, Some(e.to_string()))),
+                };
+                if let Ok(i) = data.schema().index_of(ROW_ID) {
+                    data.remove_column(i);
+                }
+                if let Some(limit) = limit {
+                    let left = limit.saturating_sub(rows) as usize;
+                    if left == 0 {
+                        return Ok((rows, None));
+                    }
+                    data = data.slice(0, left.min(data.num_rows()));
+                }
+                let n = data.num_rows() as u64;
+                match pushed.admit_followed(data) {
+                    Ok(()) => rows += n,
+                    Err(ServeError::InvalidArgument(e)) => return Ok((rows, Some(e))),
+                    Err(_) => return Err(Stop::Over), // ended, or the queues are gone
+                }
+            }
+        }
+        Ok((rows, None))
+    }
+}
+
+/// Whether a file name in the followed folder is one to admit.
+fn eligible(name: &str) -> bool {
+    let ext = Path::new(name).extension().and_then(|e| e.to_str());
+    !name.starts_with(['_', '.']) && matches!(ext, Some("parquet" | "arrow" | "ipc"))
+}
+
+/// The error `follow` gives for a folder it cannot follow.
+pub(super) fn check_folder(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!(
+            "--follow {}: not a folder",
+            dir.display()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_complete_data_files_are_eligible() {
+        for name in ["part-0.parquet", "b.arrow", "c.ipc"] {
+            assert!(eligible(name), "{name}");
+        }
+        for name in [
+            "_temporary",
+            "_SUCCESS",
+            ".part-0.parquet.crc",
+            "x.csv",
+            "part-0",
+        ] {
+            assert!(!eligible(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_manifest_reads_back_and_a_torn_line_is_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut m, read) = Manifest::open(dir.path()).unwrap();
+            assert!(read.is_empty());
+            for line in [
+                Line::Begin {
+                    file: "a.parquet".into(),
+                    row: 0,
+                },
+                Line::End {
+                    file: "a.parquet".into(),
+                    rows: 10,
+                    error: None,
+                },
+                Line::Begin {
+                    file: "b.parquet".into(),
+                    row: 10,
+                },
+            ] {
+                m.append(&line).unwrap();
+            }
+        }
+        let path = dir.path().join(MANIFEST_FILE);
+        let whole = std::fs::metadata(&path).unwrap().len();
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"{"event":"end","file":"b.parq"#).unwrap();
+        drop(f);
+        let (_, read) = Manifest::open(dir.path()).unwrap();
+        assert_eq!(
+            read,
+            [
+                Admission {
+                    file: "a.parquet".into(),
+                    row: 0,
+                    rows: Some(10)
+                },
+                Admission {
+                    file: "b.parquet".into(),
+                    row: 10,
+                    rows: None
+                },
+            ]
+        );
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
+        // A whole line that is not one is damage, not a torn tail.
+        std::fs::write(&path, "{\"event\":\"end\",\"file\":\"z\",\"rows\":1}\n").unwrap();
+        let err = Manifest::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("has no `begin`"), "{err}");
+    }
+}

@@ -1,0 +1,204 @@
+//! `hydrant serve --follow DIR` against the real server: files that appear in the folder
+//! stream to the trainers as one endless epoch, bad and temporary files are skipped, and a
+//! server SIGKILLed after a commit and restarted delivers the same steps from there.
+
+use std::path::Path;
+
+mod common;
+use common::{Server, folder_with_state, serve};
+
+const RANKS: usize = 2;
+
+fn serve_following(folder: &Path, state: &Path, state_dir: &Path) -> (Server, String) {
+    let toml = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/criteo.toml");
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--pipeline".as_ref(),
+        toml.as_os_str(),
+        "--state".as_ref(),
+        state.as_os_str(),
+        "--follow".as_ref(),
+        folder.as_os_str(),
+        "--state-dir".as_ref(),
+        state_dir.as_os_str(),
+        "--ranks".as_ref(),
+        "2".as_ref(),
+        "--batch-size".as_ref(),
+        "500".as_ref(),
+        "--shuffle".as_ref(),
+        "--shuffle-window".as_ref(),
+        "1500".as_ref(),
+    ];
+    serve(&args)
+}
+
+/// Puts `src` into `folder` as `name` the way Spark's committers do: written under a
+/// temporary name, then renamed into place.
+fn publish(src: &Path, folder: &Path, name: &str) {
+    let tmp = folder.join(format!("_temporary-{name}"));
+    std::fs::copy(src, &tmp).unwrap();
+    std::fs::rename(&tmp, folder.join(name)).unwrap();
+}
+
+/// Each rank's steps from `start` (at most `steps`), as (step, batch).
+async fn read(uri: &str, start: u64, steps: usize) -> Vec<Vec<hydrant_flight::StepBatch>> {
+    let mut readers = Vec::new();
+    for rank in 0..RANKS {
+        let uri = uri.to_string();
+        readers.push(tokio::spawn(async move {
+            let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+            let ticket = hydrant_flight::Ticket {
+                pipeline: "criteo".into(),
+                epoch: 0,
+                rank: rank as u32,
+                world_size: RANKS as u32,
+                start_step: start,
+            };
+            let mut stream = client.steps(&ticket).await.unwrap();
+            let mut got = Vec::new();
+            while got.len() < steps {
+                match stream.next_step().await {
+                    Some(step) => got.push(step.unwrap()),
+                    None => break,
+                }
+            }
+            got
+        }));
+    }
+    let mut out = Vec::new();
+    for r in readers {
+        out.push(r.await.unwrap());
+    }
+    out
+}
+
+async fn status(uri: &str) -> serde_json::Value {
+    let mut client = hydrant_flight::Client::connect(uri).await.unwrap();
+    let status = client.status().await.unwrap();
+    let mut pushed = status["pipelines"][0]["pushed"].clone();
+    pushed["runs"] = status["pipelines"][0]["runs"].clone();
+    pushed
+}
+
+async fn end(uri: &str) {
+    let channel = tonic::transport::Channel::from_shared(uri.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
+    client
+        .do_action(arrow_flight::Action::new("end_ingest", "criteo"))
+        .await
+        .unwrap();
+}
+
+/// Waits until the server has admitted `files` files.
+async fn admitted(uri: &str, files: u64) -> serde_json::Value {
+    for _ in 0..200 {
+        let s = status(uri).await;
+        if s["follow"]["files"] == files {
+            return s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("{files} files were not admitted: {}", status(uri).await);
+}
+
+/// The continuous-training issue's followed folder: three files of 3,000 rows published
+/// while two trainers read (with a bad file, a temporary one and Spark's `_SUCCESS`
+/// among them), the server SIGKILLed after the trainers committed step 4 and restarted on
+/// the same state directory. The restarted server's steps from 4 on are bit for bit those
+/// of a server that was never killed, and every good row arrives once.
+#[test]
+fn a_followed_folder_streams_new_files_and_resumes_from_a_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[3_000, 3_000, 3_000], 41);
+    let parts: Vec<_> = (0..3)
+        .map(|i| source.join(format!("part-{i}.parquet")))
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let folder = |name: &str| {
+        let f = dir.path().join(name);
+        std::fs::create_dir_all(&f).unwrap();
+        f
+    };
+    // The reference: all three files (and the bad one between), never killed.
+    let (a, a_state) = (folder("a"), dir.path().join("a-state"));
+    let whole = rt.block_on(async {
+        let (_server, uri) = serve_following(&a, &state, &a_state);
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 0, usize::MAX).await }
+        });
+        publish(&parts[0], &a, "p0.parquet");
+        std::fs::write(a.join("p1-bad.parquet"), b"not parquet").unwrap();
+        publish(&parts[1], &a, "p2.parquet");
+        admitted(&uri, 3).await;
+        publish(&parts[2], &a, "p3.parquet");
+        let s = admitted(&uri, 4).await;
+        assert_eq!(s["follow"]["skipped_files"], 1, "{s}");
+        let skipped = s["follow"]["skipped"][0].to_string();
+        assert!(
+            skipped.contains("p1-bad.parquet") && !skipped.contains(dir.path().to_str().unwrap()),
+            "the error names the file, not the server's path: {skipped}"
+        );
+        end(&uri).await;
+        reader.await.unwrap()
+    });
+    // 9,000 rows in steps of 2 x 500: 9 steps per rank; every row once.
+    assert_eq!(whole.iter().map(Vec::len).collect::<Vec<_>>(), [9, 9]);
+    let mut ids: Vec<u64> = whole
+        .iter()
+        .flatten()
+        .flat_map(|s| common::real_row_ids(&s.batch))
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..9_000).collect::<Vec<_>>());
+
+    let (b, b_state) = (folder("b"), dir.path().join("b-state"));
+    let resumed = rt.block_on(async {
+        let (mut server, uri) = serve_following(&b, &state, &b_state);
+        // 6,000 rows: the trainers read the 6 steps there will be, and checkpoint after 4.
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 0, 6).await }
+        });
+        std::fs::write(b.join("_SUCCESS"), b"").unwrap();
+        std::fs::write(b.join(".p0.parquet.crc"), b"").unwrap();
+        publish(&parts[0], &b, "p0.parquet");
+        std::fs::write(b.join("p1-bad.parquet"), b"not parquet").unwrap();
+        publish(&parts[1], &b, "p2.parquet");
+        assert!(reader.await.unwrap().iter().all(|r| r.len() == 6));
+        admitted(&uri, 3).await;
+        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        assert_eq!(client.commit("criteo", 4).await.unwrap()["committed"], 4);
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+
+        let (_server, uri) = serve_following(&b, &state, &b_state);
+        let s = status(&uri).await;
+        assert_eq!(s["committed_step"], 4, "{s}");
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 4, usize::MAX).await }
+        });
+        publish(&parts[2], &b, "p3.parquet");
+        // Files count across restarts: p0, the bad one and p2 before, p3 now.
+        admitted(&uri, 4).await;
+        end(&uri).await;
+        reader.await.unwrap()
+    });
+    for (rank, (got, want)) in resumed.iter().zip(&whole).enumerate() {
+        assert_eq!(got.len(), 5, "rank {rank}");
+        for (g, w) in got.iter().zip(&want[4..]) {
+            assert_eq!(g.meta.step, w.meta.step);
+            assert_eq!(g.batch, w.batch, "rank {rank} step {}", w.meta.step);
+        }
+    }
+    // Files are the user's: all still there.
+    assert!(parts.iter().all(|p| p.exists()) && b.join("p0.parquet").exists());
+}
