@@ -126,23 +126,34 @@ impl ServedPipeline {
         if let Some(ingest) = &self.ingest {
             let opened = Spool::open(dir, segment_bytes)?;
             if let Some(commit) = &opened.commit {
-                let cutter = StreamCutter::from_step(
-                    *self.delivery.plan.placement(),
-                    &self.plan.output_schema(),
-                    self.state.version,
-                    commit.step,
-                )?;
-                ingest
-                    .resume(commit, cutter)
-                    .map_err(|e| crate::Error::State {
-                        path: dir.join(spool::COMMIT_FILE),
-                        reason: e.to_string(),
-                    })?;
-                self.new_pushed_run(ingest, commit.step);
+                self.resume(ingest, commit, dir)?;
             }
             ingest.replay(opened.spool, opened.replay, self.runs.clone());
         }
         Ok(self)
+    }
+
+    /// Starts pushed (or followed) input at `commit`, read from `state_dir`.
+    fn resume(
+        &self,
+        ingest: &Pushed,
+        commit: &spool::Commit,
+        state_dir: &std::path::Path,
+    ) -> crate::Result<()> {
+        let cutter = StreamCutter::from_step(
+            *self.delivery.plan.placement(),
+            &self.plan.output_schema(),
+            self.state.version,
+            commit.step,
+        )?;
+        ingest
+            .resume(commit, cutter)
+            .map_err(|e| crate::Error::State {
+                path: state_dir.join(COMMIT_FILE),
+                reason: e.to_string(),
+            })?;
+        self.new_pushed_run(ingest, commit.step);
+        Ok(())
     }
 
     /// Takes the rows of the Parquet and Arrow IPC files that appear in `dir` instead of
@@ -169,19 +180,7 @@ impl ServedPipeline {
             let (m, admissions) = follow::Manifest::open(sd)?;
             (manifest, recorded) = (Some(m), admissions);
             if let Some(commit) = spool::read_commit(sd)? {
-                let cutter = StreamCutter::from_step(
-                    *self.delivery.plan.placement(),
-                    &self.plan.output_schema(),
-                    self.state.version,
-                    commit.step,
-                )?;
-                ingest
-                    .resume(&commit, cutter)
-                    .map_err(|e| crate::Error::State {
-                        path: sd.join(COMMIT_FILE),
-                        reason: e.to_string(),
-                    })?;
-                self.new_pushed_run(&ingest, commit.step);
+                self.resume(&ingest, &commit, sd)?;
                 replay_from = commit.row;
             }
             ingest.commit_to(spool::Committer::standalone(sd));
