@@ -33,7 +33,7 @@ use crate::source::Inputs;
 pub const MANIFEST_FILE: &str = "follow.manifest";
 
 /// How often the folder is listed.
-pub const POLL: Duration = Duration::from_millis(100);
+pub const POLL: Duration = Duration::from_millis(20);
 
 /// Skipped files `status` lists, the latest last.
 const SKIPPED_SHOWN: usize = 16;

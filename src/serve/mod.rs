@@ -43,6 +43,9 @@ use spool::Spool;
 pub use spool::{COMMIT_FILE, SEGMENT_BYTES};
 use stream::{Consumer, Runs};
 
+/// Rows per batch read from a followed folder's files, at most.
+const FOLLOW_READ_ROWS: usize = 16_384;
+
 /// Bytes of sent batches each rank keeps for a reconnecting trainer: more than a stream
 /// can have in flight (the HTTP/2 stream window and the encoder's queue).
 pub const REPLAY_BYTES: usize = 24 << 20;
@@ -294,7 +297,8 @@ impl ServedPipeline {
             Arc::from([]),
         );
         Ok(ServedPipeline {
-            read_rows: spec.batch_rows,
+            // Smaller than a file pipeline's reads: a new file's first rows go out sooner.
+            read_rows: spec.batch_rows.min(FOLLOW_READ_ROWS),
             follow: None,
             name: spec.name.clone(),
             schema: delivery_schema(&plan.output_schema()),
