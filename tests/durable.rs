@@ -113,15 +113,7 @@ fn acknowledged_pushes_survive_a_killed_server_exactly_once() {
             let ack = ack(&mut client, ("p", seq)).await;
             assert_eq!(ack.get("duplicate").is_some(), duplicate, "seq {seq}");
         }
-        let end = arrow_flight::Action::new("end_ingest", "pushed");
-        let _: Vec<_> = client
-            .do_action(end)
-            .await
-            .unwrap()
-            .into_inner()
-            .try_collect()
-            .await
-            .unwrap();
+        end_ingest(&uri).await;
         let status = arrow_flight::Action::new("status", "");
         let status: Vec<_> = client
             .do_action(status)
@@ -147,6 +139,22 @@ fn acknowledged_pushes_survive_a_killed_server_exactly_once() {
     );
 }
 
+/// The pushed pipeline spooled to `spool` in 1 MiB segments, shuffled in windows of 1,000
+/// rows, which do not line up with its 64-row steps.
+fn serve_spooled(dir: &std::path::Path, spool: &std::path::Path) -> (common::Server, String) {
+    let args: Vec<std::ffi::OsString> = vec![
+        "--state-dir".into(),
+        spool.into(),
+        "--spool-segment-mib".into(),
+        "1".into(),
+        "--shuffle".into(),
+        "--shuffle-window".into(),
+        "1000".into(),
+    ];
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    start_with(dir, &args)
+}
+
 /// A trainer commits its checkpoint's step: the spool's segments wholly before the rows
 /// that step needs are deleted, and a server SIGKILLed and restarted delivers from the
 /// committed step on — bit for bit the steps an uninterrupted server delivers — while a
@@ -160,20 +168,7 @@ fn a_commit_trims_the_spool_and_a_restarted_server_resumes_there_exactly() {
         .enable_all()
         .build()
         .unwrap();
-    let with = |spool: &std::path::Path| {
-        let args: Vec<std::ffi::OsString> = vec![
-            "--state-dir".into(),
-            spool.into(),
-            "--spool-segment-mib".into(),
-            "1".into(),
-            // Windows that do not line up with steps (64 rows).
-            "--shuffle".into(),
-            "--shuffle-window".into(),
-            "1000".into(),
-        ];
-        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-        start_with(dir.path(), &args)
-    };
+    let with = |spool: &std::path::Path| serve_spooled(dir.path(), spool);
     let (whole, resumed) = rt.block_on(async {
         // The uninterrupted stream: 2 batches of producer q, 10 of p, then the end.
         let (_reference, uri) = with(&dir.path().join("reference"));
@@ -340,19 +335,7 @@ fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
         .enable_all()
         .build()
         .unwrap();
-    let with = |spool: &std::path::Path| {
-        let args: Vec<std::ffi::OsString> = vec![
-            "--state-dir".into(),
-            spool.into(),
-            "--spool-segment-mib".into(),
-            "1".into(),
-            "--shuffle".into(),
-            "--shuffle-window".into(),
-            "1000".into(),
-        ];
-        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
-        start_with(dir.path(), &args)
-    };
+    let with = |spool: &std::path::Path| serve_spooled(dir.path(), spool);
     let reference = rt.block_on(async {
         let (_server, uri) = with(&dir.path().join("reference"));
         let reader = tokio::spawn({

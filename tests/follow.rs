@@ -53,15 +53,8 @@ async fn read(uri: &str, start: u64, steps: usize) -> Vec<Vec<hydrant_flight::St
                 world_size: RANKS as u32,
                 start_step: start,
             };
-            let mut stream = client.steps(&ticket).await.unwrap();
-            let mut got = Vec::new();
-            while got.len() < steps {
-                match stream.next_step().await {
-                    Some(step) => got.push(step.unwrap()),
-                    None => break,
-                }
-            }
-            got
+            let stream = client.steps(&ticket).await.unwrap();
+            common::pushed::take_steps(stream, steps).await
         }));
     }
     let mut out = Vec::new();

@@ -98,7 +98,15 @@ pub async fn read_steps(uri: &str, start: u64, steps: usize) -> Vec<hydrant_flig
         world_size: 1,
         start_step: start,
     };
-    let mut stream = client.steps(&ticket).await.unwrap();
+    let stream = client.steps(&ticket).await.unwrap();
+    take_steps(stream, steps).await
+}
+
+/// The next `steps` steps of `stream` (fewer if it ends first); an error fails the test.
+pub async fn take_steps(
+    mut stream: hydrant_flight::Steps,
+    steps: usize,
+) -> Vec<hydrant_flight::StepBatch> {
     let mut got = Vec::new();
     while got.len() < steps {
         match stream.next_step().await {
