@@ -13,7 +13,8 @@ use futures::{StreamExt, TryStreamExt};
 
 mod common;
 use common::pushed::{
-    batch, end_ingest, produced, push_all, read_steps, spool_first_rows, spool_segments, start_with,
+    batch, end_ingest, produced, push_all, read_steps, runtime, spool_first_rows, spool_segments,
+    start_with, ticket,
 };
 
 /// The acknowledgement of a push of 50 rows by `origin` (`(producer, seq)`).
@@ -40,11 +41,7 @@ fn acknowledged_pushes_survive_a_killed_server_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
     let args = ["--state-dir".as_ref(), spool.as_os_str()];
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let connect = |uri: String| async move {
         let channel = tonic::transport::Channel::from_shared(uri)
             .unwrap()
@@ -163,11 +160,7 @@ fn serve_spooled(dir: &std::path::Path, spool: &std::path::Path) -> (common::Ser
 fn a_commit_trims_the_spool_and_a_restarted_server_resumes_there_exactly() {
     const ROWS: usize = 20_000; // ~0.5 MiB spooled per batch, ~3 per 1 MiB segment
     let dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let with = |spool: &std::path::Path| serve_spooled(dir.path(), spool);
     let (whole, resumed) = rt.block_on(async {
         // The uninterrupted stream: 2 batches of producer q, 10 of p, then the end.
@@ -218,14 +211,7 @@ fn a_commit_trims_the_spool_and_a_restarted_server_resumes_there_exactly() {
         let (_server, uri) = with(&spool);
         let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
         // Steps before the commit are gone; the trainer resumes at it.
-        let early = hydrant_flight::Ticket {
-            pipeline: "pushed".into(),
-            epoch: 0,
-            rank: 0,
-            world_size: 1,
-            start_step: 1499,
-        };
-        let err = match client.steps(&early).await {
+        let err = match client.steps(&ticket(1499)).await {
             Err(e) => e.to_string(),
             Ok(mut s) => s.next_step().await.unwrap().unwrap_err().to_string(),
         };
@@ -263,14 +249,7 @@ async fn train(uri: String, start: u64, got: Arc<Mutex<BTreeMap<u64, RecordBatch
     let Ok(mut client) = hydrant_flight::Client::connect(&uri).await else {
         return false;
     };
-    let ticket = hydrant_flight::Ticket {
-        pipeline: "pushed".into(),
-        epoch: 0,
-        rank: 0,
-        world_size: 1,
-        start_step: start,
-    };
-    let Ok(mut steps) = client.steps(&ticket).await else {
+    let Ok(mut steps) = client.steps(&ticket(start)).await else {
         return false;
     };
     let mut committer = hydrant_flight::Client::connect(&uri).await.ok();
@@ -330,11 +309,7 @@ fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     const ROWS: usize = 2_000;
     const BATCHES: u64 = 60; // 120,000 rows: 1,875 steps of 64
     let dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let with = |spool: &std::path::Path| serve_spooled(dir.path(), spool);
     let reference = rt.block_on(async {
         let (_server, uri) = with(&dir.path().join("reference"));

@@ -109,11 +109,7 @@ fn a_followed_folder_streams_new_files_and_resumes_from_a_commit() {
     let parts: Vec<_> = (0..3)
         .map(|i| source.join(format!("part-{i}.parquet")))
         .collect();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::pushed::runtime();
     let folder = |name: &str| {
         let f = dir.path().join(name);
         std::fs::create_dir_all(&f).unwrap();

@@ -105,11 +105,7 @@ fn unframe(mut data: &[u8]) -> Vec<FlightData> {
 fn mutated_pushes_end_with_an_error_or_an_acknowledgement() {
     let dir = tempfile::tempdir().unwrap();
     let (mut server, uri) = start(dir.path());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::pushed::runtime();
     rt.block_on(async {
         let connect = |uri: String| async move {
             let channel = tonic::transport::Channel::from_shared(uri)

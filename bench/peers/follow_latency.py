@@ -4,16 +4,17 @@ Parquet file at a time, two ranks reading; then streaming throughput against fil
 
 usage: python follow_latency.py HYDRANT_BIN [FILES]   (prints JSON lines)
 """
-import atexit
+import functools
 import json
 import pathlib
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+import procs
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
 from hydrant_client import Client  # noqa: E402
@@ -22,19 +23,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 binary = sys.argv[1]
 files = int(sys.argv[2]) if len(sys.argv) > 2 else 30
 ROWS, BATCH, RANKS = 65_536, 4096, 2
-tmp = pathlib.Path(tempfile.mkdtemp())
-atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-
-
-def hydrant(*args):
-    out = subprocess.run([binary, *map(str, args)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+tmp = procs.scratch()
+hydrant = functools.partial(procs.run, binary)
 
 
 def serve(*args):
-    server = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0", *map(str, args)],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    return server, Client("grpc://" + json.loads(server.stdout.readline())["listening"])
+    server, uri = procs.serve(binary, *args, stderr=subprocess.DEVNULL)
+    return server, Client(uri)
 
 
 pipeline = ROOT / "examples" / "criteo_hash.toml"

@@ -7,19 +7,16 @@ usage: python hydrant_flight.py HYDRANT_BIN [ROWS] [PULLS] [STREAMS]   (prints o
 With STREAMS > 1 the server serves that many ranks in 65,536 / STREAMS-row batches and one
 client per rank pulls concurrently (a pull is all of them; bytes/s counts them together).
 """
-import atexit
 import json
-import pathlib
 import statistics
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
+import procs
 from featurized import featurized_table, pull_all
 
 binary = sys.argv[1]
@@ -27,9 +24,7 @@ rows = int(sys.argv[2]) if len(sys.argv) > 2 else 31 * 65536
 pulls = int(sys.argv[3]) if len(sys.argv) > 3 else 5
 streams = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 table = featurized_table(rows)
-tmp = pathlib.Path(tempfile.mkdtemp())
-# The input files are hundreds of MB: never leave them behind, whatever ends the run.
-atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+tmp = procs.scratch()
 data = tmp / "featurized.arrow"
 with pa.OSFile(str(data), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
     for b in table.to_batches(max_chunksize=65536):

@@ -4,18 +4,19 @@ server without it, while two ranks drain the stream.
 
 usage: python push_durable.py HYDRANT_BIN [ROWS] [BATCH_ROWS] [REPS]   (prints JSON lines)
 """
-import atexit
+import functools
 import json
 import pathlib
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import pyarrow.parquet as pq
+
+import procs
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
 from hydrant_client import Client  # noqa: E402
@@ -25,13 +26,8 @@ binary = sys.argv[1]
 rows = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000
 batch_rows = int(sys.argv[3]) if len(sys.argv) > 3 else 8192
 reps = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-tmp = pathlib.Path(tempfile.mkdtemp())
-atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-
-
-def hydrant(*args):
-    out = subprocess.run([binary, *map(str, args)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+tmp = procs.scratch()
+hydrant = functools.partial(procs.run, binary)
 
 
 data, state = tmp / "criteo.parquet", tmp / "state.json"
@@ -47,14 +43,13 @@ nbytes = sum(b.nbytes for b in batches)
 
 def run(durable):
     spool = tmp / f"spool-{time.monotonic_ns()}"
-    args = [binary, "serve", "--listen", "127.0.0.1:0", "--pipeline", tmp / "pushed.toml",
-            "--state", state, "--ranks", "2", "--batch-size", "4096"]
+    args = ["--pipeline", tmp / "pushed.toml", "--state", state, "--ranks", 2,
+            "--batch-size", 4096]
     if durable:
         args += ["--state-dir", spool]
-    server = subprocess.Popen(list(map(str, args)), stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    server, uri = procs.serve(binary, *args, stderr=subprocess.DEVNULL)
     try:
-        client = Client("grpc://" + json.loads(server.stdout.readline())["listening"])
+        client = Client(uri)
         readers = [threading.Thread(target=lambda r=r: sum(1 for _ in client.batches(
             "criteo_hash", r, 2)), daemon=True) for r in range(2)]
         for t in readers:

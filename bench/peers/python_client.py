@@ -11,19 +11,17 @@
 
 usage: python python_client.py HYDRANT_BIN [ROWS] [STEP_MS] [BATCH]   (one JSON line)
 """
-import atexit
+import functools
 import json
 import pathlib
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
+import procs
 from featurized import featurized_table, pull
 
 from hydrant_client import Client
@@ -33,20 +31,9 @@ binary = sys.argv[1]
 rows = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000
 step_ms = float(sys.argv[3]) if len(sys.argv) > 3 else 5.0
 batch = int(sys.argv[4]) if len(sys.argv) > 4 else 4096
-tmp = pathlib.Path(tempfile.mkdtemp())
-# The input files are hundreds of MB: never leave them behind, whatever ends the run.
-atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-
-
-def hydrant(*args):
-    out = subprocess.run([binary, *map(str, args)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def serve(*args):
-    server = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0", *map(str, args)],
-                              stdout=subprocess.PIPE, text=True)
-    return server, "grpc://" + json.loads(server.stdout.readline())["listening"]
+tmp = procs.scratch()
+hydrant = functools.partial(procs.run, binary)
+serve = functools.partial(procs.serve, binary)
 
 
 def stall():

@@ -88,17 +88,30 @@ pub async fn produced(batch: RecordBatch, origin: Option<(&str, u64)>) -> Vec<Fl
     messages
 }
 
-/// Steps `start..start + steps` (at most) of the one rank of the pushed pipeline.
-pub async fn read_steps(uri: &str, start: u64, steps: usize) -> Vec<hydrant_flight::StepBatch> {
-    let mut client = hydrant_flight::Client::connect(uri).await.unwrap();
-    let ticket = hydrant_flight::Ticket {
+/// The ticket of the pushed pipeline's one rank from `start_step`.
+pub fn ticket(start_step: u64) -> hydrant_flight::Ticket {
+    hydrant_flight::Ticket {
         pipeline: "pushed".into(),
         epoch: 0,
         rank: 0,
         world_size: 1,
-        start_step: start,
-    };
-    let stream = client.steps(&ticket).await.unwrap();
+        start_step,
+    }
+}
+
+/// A tokio runtime for a test's clients (the server is another process).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Steps `start..start + steps` (at most) of the one rank of the pushed pipeline.
+pub async fn read_steps(uri: &str, start: u64, steps: usize) -> Vec<hydrant_flight::StepBatch> {
+    let mut client = hydrant_flight::Client::connect(uri).await.unwrap();
+    let stream = client.steps(&ticket(start)).await.unwrap();
     take_steps(stream, steps).await
 }
 
