@@ -191,6 +191,7 @@ fn rank_batch(step: StepBatch, world_size: u32) -> RankBatch {
             world_size: world_size as usize,
             padded_rows: step.meta.padded_rows as usize,
             state_version: step.meta.state_version,
+            positions: step.meta.positions,
         },
         batch: Batch {
             seq: step.meta.step,

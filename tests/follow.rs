@@ -147,6 +147,18 @@ fn a_followed_folder_streams_new_files_and_resumes_from_a_commit() {
         .collect();
     ids.sort_unstable();
     assert_eq!(ids, (0..9_000).collect::<Vec<_>>());
+    // Each batch names the stream positions its rows came from (row ids are positions).
+    for s in whole.iter().flatten() {
+        let [first, end] = s
+            .meta
+            .positions
+            .expect("a stream batch names its positions");
+        let ids = common::real_row_ids(&s.batch);
+        assert!(
+            ids.iter().all(|id| (first..end).contains(id)),
+            "{first}..{end}"
+        );
+    }
 
     let (b, b_state) = (folder("b"), dir.path().join("b-state"));
     let resumed = rt.block_on(async {
@@ -184,7 +196,10 @@ fn a_followed_folder_streams_new_files_and_resumes_from_a_commit() {
     for (rank, (got, want)) in resumed.iter().zip(&whole).enumerate() {
         assert_eq!(got.len(), 5, "rank {rank}");
         for (g, w) in got.iter().zip(&want[4..]) {
-            assert_eq!(g.meta.step, w.meta.step);
+            assert_eq!(
+                (g.meta.step, g.meta.positions),
+                (w.meta.step, w.meta.positions)
+            );
             assert_eq!(g.batch, w.batch, "rank {rank} step {}", w.meta.step);
         }
     }

@@ -44,6 +44,11 @@ pub struct BatchMeta {
     pub padded_rows: u64,
     /// Version of the fitted state that featurized it.
     pub state_version: u64,
+    /// For a stream (followed or pushed input): the stream positions `[first, end)` the
+    /// batch's rows were drawn from — exactly its rows' positions when unshuffled, the
+    /// shuffle windows holding them when shuffled. Absent for file epochs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub positions: Option<[u64; 2]>,
     /// Set on the epoch's last message: a clean end without it is a cut, not completion.
     /// When the last step is not known in advance (pushed input, or a start past the end)
     /// the stream ends with a batch of no rows whose metadata says `rows` 0 and `last`.
@@ -271,6 +276,7 @@ impl FlightServer {
             rows: 0,
             padded_rows: 0,
             state_version: 0,
+            positions: None,
             last: true,
         };
         Ok(Encoder::new(p.schema(), batches, end))

@@ -35,6 +35,9 @@ class Batch:
     padded_rows: int
     state_version: int
     last: bool
+    #: For a stream (followed or pushed input): the stream positions ``(first, end)``
+    #: the rows were drawn from; None for file epochs.
+    positions: Optional[tuple]
     record_batch: pa.RecordBatch
 
     def arrays(self) -> dict:
@@ -131,6 +134,7 @@ def decode(rb: pa.RecordBatch, meta: dict) -> Batch:
         padded_rows=meta.get("padded_rows", 0),
         state_version=meta.get("state_version", 0),
         last=bool(meta.get("last", False)),
+        positions=tuple(meta["positions"]) if "positions" in meta else None,
         record_batch=rb,
     )
 

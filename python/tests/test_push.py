@@ -73,6 +73,12 @@ def test_push_then_read_every_row_once(pushed):
     assert steps[0] == steps[1] == list(range(-(-table.num_rows // 2000)))
     ids = sorted(i for r in range(2) for b in got[r] for i in b.row_id[~b.mask].tolist())
     assert ids == list(range(table.num_rows))
+    # Unshuffled, each batch names exactly its rows' stream positions (here their ids).
+    for r in range(2):
+        for b in got[r]:
+            real = b.row_id[~b.mask].tolist()
+            first, end = b.positions
+            assert real == list(range(first, end))
     status = client.status()["pipelines"][0]["pushed"]
     assert status["rows_in"] == table.num_rows and status["ended"]
 

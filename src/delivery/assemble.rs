@@ -162,6 +162,7 @@ impl Assembler {
                     world_size: self.placement.world_size(),
                     padded_rows: b - real,
                     state_version: self.state_version,
+                    positions: None,
                 },
                 batch: Batch {
                     seq: self.next_step,
@@ -421,6 +422,42 @@ mod tests {
         seen.sort();
         assert_eq!(seen, (0..21).collect::<Vec<_>>());
         assert_eq!(out.iter().map(|rb| rb.meta.padded_rows).sum::<usize>(), 3);
+        // Each batch names the positions its rows came from (row ids are positions here):
+        // the windows of 5 holding its output indices, cut at the 21 rows there are.
+        for rb in &out {
+            let [first, end] = rb.meta.positions.unwrap();
+            let ids = rb.data().column(0).as_primitive::<UInt64Type>();
+            for &id in ids.values().iter().filter(|&&id| id != u64::MAX) {
+                assert!((first..end).contains(&id), "{id} outside {first}..{end}");
+            }
+            assert_eq!(first % 5, 0);
+            assert!(end % 5 == 0 || end == 21, "{end}");
+        }
+        let last = out.last().unwrap().meta;
+        assert_eq!(
+            (last.step, last.rank, last.positions),
+            (2, 1, Some([20, 21]))
+        );
+    }
+
+    #[test]
+    fn an_unshuffled_stream_names_exactly_its_rows_positions() {
+        let placement = Placement::new(2, 4, LastBatch::Pad, 0, None).unwrap();
+        let mut cutter = crate::delivery::StreamCutter::new(placement, &schema(), 1).unwrap();
+        let mut out = Vec::new();
+        cutter.push(rows(0, 13), &mut out).unwrap();
+        cutter.end(&mut out).unwrap();
+        let got: Vec<_> = out
+            .iter()
+            .map(|rb| (rb.meta.step, rb.meta.rank, rb.meta.positions.unwrap()))
+            .collect();
+        let want = [
+            (0, 0, [0, 4]),
+            (0, 1, [4, 8]),
+            (1, 0, [8, 12]),
+            (1, 1, [12, 13]),
+        ];
+        assert_eq!(got, want);
     }
 
     #[test]

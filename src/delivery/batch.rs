@@ -32,6 +32,10 @@ pub struct StepMeta {
     pub padded_rows: usize,
     /// Version of the fitted state that featurized it.
     pub state_version: u64,
+    /// For a stream (followed or pushed input): the stream positions `[first, end)` its
+    /// rows were drawn from (see [`Placement::positions`](super::Placement::positions)).
+    #[serde(default)]
+    pub positions: Option<[u64; 2]>,
 }
 
 /// One rank's batch of one step: the plan's output columns plus `is_padding`.

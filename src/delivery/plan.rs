@@ -183,6 +183,18 @@ impl Placement {
         }
     }
 
+    /// The positions that rank `rank`'s rows of step `step` are drawn from: exactly its
+    /// output indices when unshuffled, the windows holding them when shuffled (rows move
+    /// only within their window). Callers clamp it to the rows there are.
+    pub fn positions(&self, step: u64, rank: usize) -> std::ops::Range<u64> {
+        let b = self.batch_size as u64;
+        let first = step
+            .saturating_mul(self.step_rows())
+            .saturating_add(rank as u64 * b);
+        let last = first.saturating_add(b - 1);
+        self.window_start(first)..self.window_start(last).saturating_add(self.window())
+    }
+
     /// The rank output index `i` goes to (what [`Placement::place`] says, cheaper).
     #[inline]
     pub fn rank_of(&self, i: u64) -> usize {

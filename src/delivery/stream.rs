@@ -132,6 +132,10 @@ impl StreamCutter {
         }
         // Step by step across ranks, as trainers that step together read them.
         out[at..].sort_by_key(|rb| (rb.meta.step, rb.meta.rank));
+        for rb in &mut out[at..] {
+            let span = self.placement.positions(rb.meta.step, rb.meta.rank);
+            rb.meta.positions = Some([span.start.min(self.rows), span.end.min(self.rows)]);
+        }
         Ok(())
     }
 }

@@ -220,6 +220,7 @@ fn meta(rb: &RankBatch) -> BatchMeta {
         rows: rb.data().num_rows() as u64,
         padded_rows: rb.meta.padded_rows as u64,
         state_version: rb.meta.state_version,
+        positions: rb.meta.positions,
         last: false,
     }
 }

@@ -21,6 +21,7 @@ fn step(step: u64) -> RankBatch {
             world_size: 1,
             padded_rows: 0,
             state_version: 0,
+            positions: None,
         },
         batch: hydrant_operators::Batch {
             seq: step,
