@@ -3,8 +3,14 @@
 
 /// Counter: featurized rows leaving the dataflow's sinks (label `stage`).
 pub const ROWS_OUT: &str = "hydrant_rows_out_total";
-/// Counter: rows accepted from producers (DoPut).
-pub const PUSHED_ROWS: &str = "hydrant_pushed_rows_total";
+/// Counter: rows admitted to a stream (pushed by producers, or read from followed files).
+pub const ADMITTED_ROWS: &str = "hydrant_admitted_rows_total";
+/// Histogram (seconds): from an admission (a followed file, or a pushed batch) to the
+/// first batch delivered at or past its first row.
+pub const ADMISSION_TO_DELIVERY: &str = "hydrant_admission_to_delivery_seconds";
+/// Gauge (seconds): how old the newest event of the latest delivered admission was when it
+/// was delivered (pipelines that name an `event_time` column).
+pub const EVENT_TIME_LAG: &str = "hydrant_event_time_lag_seconds";
 /// Counter: pushed batches rejected (label `reason`).
 pub const PUSH_REJECTED: &str = "hydrant_push_rejected_total";
 /// Counter: followed files skipped (wholly or from a bad batch on).

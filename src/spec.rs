@@ -40,6 +40,10 @@ pub struct PipelineSpec {
     pub batch_rows: usize,
     /// Where rows come from: files given on the command line, or pushed over Flight.
     pub input: InputKind,
+    /// The timestamp column holding each row's event time (`event_time = "ts"`): a
+    /// stream's freshness then reports how old delivered events are. Rows pushed or
+    /// followed without it (or with another type) are refused.
+    pub event_time: Option<String>,
 }
 
 /// Where a pipeline's rows come from.
@@ -62,6 +66,8 @@ struct RawSpec {
     batch_rows: Option<usize>,
     #[serde(default)]
     input: InputKind,
+    #[serde(default)]
+    event_time: Option<String>,
     #[serde(rename = "group", default)]
     groups: Vec<RawGroup>,
 }
@@ -123,6 +129,7 @@ impl PipelineSpec {
             groups,
             batch_rows: raw.batch_rows.unwrap_or(DEFAULT_BATCH_ROWS),
             input: raw.input,
+            event_time: raw.event_time,
         };
         spec.check()?;
         Ok(spec)
@@ -143,6 +150,7 @@ impl PipelineSpec {
             groups,
             batch_rows,
             input: InputKind::Files,
+            event_time: None,
         };
         spec.check()?;
         Ok(spec)
@@ -169,6 +177,9 @@ impl PipelineSpec {
         }
         if self.groups.is_empty() {
             return bad("no [[group]] of features");
+        }
+        if self.event_time.as_ref().is_some_and(|c| c.is_empty()) {
+            return bad("event_time names no column");
         }
         if !(1..=MAX_BATCH_ROWS).contains(&self.batch_rows) {
             return bad(&format!("batch_rows must be 1 to {MAX_BATCH_ROWS}"));
@@ -247,6 +258,10 @@ steps = ["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"]
         assert_eq!(spec.name, "t");
         assert_eq!(spec.batch_rows, 100);
         assert_eq!(spec.groups[0].steps.len(), 4);
+        assert_eq!(spec.event_time, None);
+        let timed = GOOD.replace("batch_rows = 100", "event_time = \"ts\"");
+        let timed = PipelineSpec::from_toml(&timed, "t.toml").unwrap();
+        assert_eq!(timed.event_time.as_deref(), Some("ts"));
         let schema = Schema::new(vec![
             Field::new("a", DataType::Float64, true),
             Field::new("y", DataType::Int32, false),
@@ -295,6 +310,10 @@ steps = ["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"]
                 vec!["group `x\\ny`"],
             ),
             ("name = ".to_string(), vec!["t.toml", "line 1"]),
+            (
+                GOOD.replace("batch_rows = 100", "batch_rows = 100\nevent_time = \"\""),
+                vec!["event_time names no column"],
+            ),
         ] {
             let err = PipelineSpec::from_toml(&text, "t.toml")
                 .unwrap_err()

@@ -17,7 +17,7 @@ use std::io::{BufRead, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hydrant_flight::ServeError;
 use hydrant_operators::ROW_ID;
@@ -237,6 +237,7 @@ impl Follower {
     /// (as many as recorded, when they were).
     fn admit(&mut self, a: &Admission, replayed: bool) -> std::result::Result<(), Stop> {
         let pushed = self.pushed.upgrade().ok_or(Stop::Over)?;
+        let since = Instant::now();
         let row = pushed.next_row();
         if replayed && a.row != row {
             let why = format!(
@@ -254,7 +255,7 @@ impl Follower {
             };
             m.append(&begin).map_err(|e| Stop::Failed(e.to_string()))?;
         }
-        let (rows, error) = self.admit_rows(&pushed, &a.file, a.rows)?;
+        let (rows, error) = self.admit_rows(&pushed, &a.file, a.rows, since)?;
         // Clients are told the file's name in the folder, not the server's path.
         let path = self.dir.join(&a.file).display().to_string();
         let error = error.map(|e| e.replace(&path, &a.file));
@@ -281,21 +282,22 @@ impl Follower {
         Ok(())
     }
 
-    /// Admits the rows of `file` (at most `limit`); returns how many, and why it stopped
-    /// short, if it did. A file that cannot be read from some batch on is skipped from
+    /// Admits the rows of `file` (at most `limit`), whose admission began at `since`;
+    /// returns how many, and why it stopped short, if it did. A file that cannot be read from some batch on is skipped from
     /// there (the rows before it stay admitted, as they were delivered).
     fn admit_rows(
         &self,
         pushed: &Pushed,
         file: &str,
         limit: Option<u64>,
+        since: Instant,
     ) -> std::result::Result<(u64, Option<String>), Stop> {
         let path = self.dir.join(file);
         let inputs = match Inputs::open(std::slice::from_ref(&path), self.batch_rows) {
             Ok(i) => i,
             Err(e) => return Ok((0, Some(e.to_string()))),
         };
-        let mut rows = 0u64;
+        let (mut rows, mut first) = (0u64, true);
         for unit in inputs.units() {
             let batches = match inputs.read(unit) {
                 Ok(b) => b,
@@ -317,7 +319,7 @@ impl Follower {
                     data = data.slice(0, left.min(data.num_rows()));
                 }
                 let n = data.num_rows() as u64;
-                match pushed.admit_followed(data) {
+                match pushed.admit_followed(data, since, std::mem::take(&mut first)) {
                     Ok(()) => rows += n,
                     Err(ServeError::InvalidArgument(e)) => return Ok((rows, Some(e))),
                     Err(_) => return Err(Stop::Over), // ended, or the queues are gone

@@ -29,6 +29,7 @@ use crate::source::Inputs;
 use crate::spec::PipelineSpec;
 
 mod follow;
+mod fresh;
 mod push;
 mod run;
 mod spool;
@@ -286,6 +287,7 @@ impl ServedPipeline {
         let plan = Arc::new(spec.plan(&spec.nominal_schema())?);
         let bound = plan.transformer(&state)?;
         let placement = *delivery.plan.placement();
+        let event_time = spec.event_time.clone();
         let cutter = StreamCutter::new(placement, &plan.output_schema(), state.version)?;
         let (senders, run) = Run::new(
             0,
@@ -319,6 +321,7 @@ impl ServedPipeline {
                     replay_failed: None,
                 },
                 placement,
+                event_time,
             ))),
             plan,
             state,
@@ -416,6 +419,7 @@ impl ServedPipeline {
             rank,
             start_step,
             attached,
+            self.ingest.as_ref().map(|i| i.fresh.clone()),
         ))
     }
 
@@ -630,6 +634,7 @@ impl Served for ServedPipeline {
                     "committed_step": p.committed.load(Ordering::Relaxed).checked_sub(1),
                     "spool_segments": p.segments.load(Ordering::Relaxed),
                     "follow": self.follow.as_ref().map(|f| f.status()),
+                    "freshness": i.fresh.status(),
                 })
             }),
             "runs": runs.iter().map(|r| r.status()).collect::<Vec<_>>(),

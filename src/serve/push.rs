@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
@@ -13,6 +14,7 @@ use hydrant_flight::{Accepted, Origin, ServeError};
 use hydrant_operators::{FittedState, ROW_ID, Transformer};
 use tokio::sync::mpsc::Sender;
 
+use super::fresh::Freshness;
 use super::run::lock;
 use super::spool::{Commit, Committer, Record, Replay, Spool};
 use super::stream::Runs;
@@ -35,6 +37,8 @@ pub(super) struct Pushed {
     followed: AtomicBool,
     /// Signalled when the replay of the spool is over.
     replayed: Condvar,
+    /// How long admitted rows take to reach trainers.
+    pub fresh: Arc<Freshness>,
     /// What `status` reports, readable while a producer holds the lock (it may wait there
     /// for queue space as long as no trainer reads: `status` must not).
     pub counts: PushCounts,
@@ -88,8 +92,11 @@ struct Commits {
 }
 
 impl Pushed {
-    pub fn new(ingest: Ingest, placement: Placement) -> Self {
+    /// Pushed input cut by `ingest`, placed by `placement`; `event_time` names the column
+    /// of its rows' event times, if the pipeline has one.
+    pub fn new(ingest: Ingest, placement: Placement, event_time: Option<String>) -> Self {
         Pushed {
+            fresh: Arc::new(Freshness::new(event_time)),
             state: Mutex::new(ingest),
             admitted: Mutex::default(),
             commits: Mutex::default(),
@@ -120,14 +127,26 @@ impl Pushed {
                 "this pipeline follows a folder; it takes no pushed input".into(),
             ));
         }
+        let arrived = Arrival {
+            at: Instant::now(),
+            unit: true,
+        };
         let mut guard = self.lock();
-        self.admit(&mut guard, batch, origin, true)
+        self.admit(&mut guard, batch, origin, Some(arrived))
     }
 
-    /// Admits a batch of a followed folder's file.
-    pub fn admit_followed(&self, batch: RecordBatch) -> Result<(), ServeError> {
+    /// Admits a batch of a followed folder's file, whose admission began `at` (`first`:
+    /// the file's first batch).
+    pub fn admit_followed(
+        &self,
+        batch: RecordBatch,
+        at: Instant,
+        first: bool,
+    ) -> Result<(), ServeError> {
+        let arrived = Arrival { at, unit: first };
         let mut guard = self.lock();
-        self.admit(&mut guard, batch, None, true).map(|_| ())
+        self.admit(&mut guard, batch, None, Some(arrived))
+            .map(|_| ())
     }
 
     /// Rows come from a followed folder: producers are refused.
@@ -158,15 +177,21 @@ impl Pushed {
         lock(&self.commits).committer = Some(committer);
     }
 
-    /// Admits `batch`: a producer's push (`live`), or a record read back from the spool
-    /// (neither spooled again nor checked for duplicates: it was admitted once).
+    /// Admits `batch`: a producer's push or a followed file's rows (`live`, arrived as
+    /// it says), or a record read back from the spool (neither spooled again nor checked
+    /// for duplicates: it was admitted once).
     fn admit(
         &self,
         st: &mut Ingest,
         batch: RecordBatch,
         origin: Option<Origin>,
-        live: bool,
+        live: Option<Arrival>,
     ) -> Result<Accepted, ServeError> {
+        let arrived = live.unwrap_or(Arrival {
+            at: Instant::now(),
+            unit: true,
+        });
+        let live = live.is_some();
         let rows = batch.num_rows() as u64;
         if let Some(e) = &st.replay_failed {
             return Err(ServeError::FailedPrecondition(format!(
@@ -193,11 +218,17 @@ impl Pushed {
         }
         // Rows before a commit's row (replayed from its segment) are not delivered again.
         let skip = st.skip_below.saturating_sub(st.next_row).min(rows) as usize;
+        let rejected = |_: &ServeError| {
+            metrics::counter!(crate::metrics::PUSH_REJECTED, "reason" => "invalid").increment(1)
+        };
+        let newest = self
+            .fresh
+            .newest_event(&batch)
+            .map_err(ServeError::InvalidArgument)
+            .inspect_err(rejected)?;
         let featurized = if rows == 0 || skip < rows as usize {
             let featurized = st.featurizer.featurize(batch.clone(), st.next_row);
-            let featurized = featurized.inspect_err(|_| {
-                metrics::counter!(crate::metrics::PUSH_REJECTED, "reason" => "invalid").increment(1)
-            })?;
+            let featurized = featurized.inspect_err(rejected)?;
             Some(featurized.slice(skip, rows as usize - skip))
         } else {
             None
@@ -217,6 +248,9 @@ impl Pushed {
             *seq = (*seq).max(o.seq);
         }
         if let Some(featurized) = featurized {
+            // Known before any of its rows can be delivered.
+            let first = st.next_row + skip as u64;
+            self.fresh.admitted(first, arrived.at, arrived.unit, newest);
             let mut ranked = Vec::new();
             st.cutter
                 .push(featurized, &mut ranked)
@@ -231,7 +265,7 @@ impl Pushed {
         st.seq += 1;
         self.counts.rows_in.store(st.next_row, Ordering::Relaxed);
         self.counts.batches_in.store(st.seq, Ordering::Relaxed);
-        metrics::counter!(crate::metrics::PUSHED_ROWS).increment(rows);
+        metrics::counter!(crate::metrics::ADMITTED_ROWS).increment(rows);
         Ok(Accepted {
             seq: Some(st.seq - 1),
             rows,
@@ -293,7 +327,7 @@ impl Pushed {
             for r in records {
                 let admitted = match r {
                     Ok(Record::Batch(origin, batch)) => {
-                        this.admit(&mut st, batch, origin, false).map(|_| ())
+                        this.admit(&mut st, batch, origin, None).map(|_| ())
                     }
                     Ok(Record::End) => this.end_locked(&mut st, &runs, false),
                     Err(e) => Err(ServeError::Internal(e.to_string())),
@@ -395,6 +429,14 @@ impl Pushed {
             "deleted_segments": deleted,
         }))
     }
+}
+
+/// When a batch arrived, and whether it begins a unit whose freshness is timed (a pushed
+/// batch, or a followed file's first batch).
+#[derive(Clone, Copy)]
+struct Arrival {
+    at: Instant,
+    unit: bool,
 }
 
 /// Hands each rank batch to its rank's queue, waiting while it is full.

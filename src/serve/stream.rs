@@ -9,6 +9,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use hydrant_flight::{BatchMeta, RankStream, ServeError, batch_bytes};
 
+use super::fresh::Freshness;
 use super::run::{Attached, Run, lock};
 use crate::delivery::RankBatch;
 
@@ -27,6 +28,8 @@ pub(super) struct Consumer {
     ended: bool,
     /// The next step this stream owes its reader.
     next: u64,
+    /// A stream's freshness, told of each delivered batch.
+    fresh: Option<Arc<Freshness>>,
 }
 
 impl Consumer {
@@ -36,6 +39,7 @@ impl Consumer {
         rank: usize,
         start_step: u64,
         attached: Attached,
+        fresh: Option<Arc<Freshness>>,
     ) -> Self {
         Consumer {
             run,
@@ -46,6 +50,7 @@ impl Consumer {
             attached,
             ended: false,
             next: start_step,
+            fresh,
         }
     }
 
@@ -186,6 +191,9 @@ impl Consumer {
                     .increment(1);
                 metrics::counter!(crate::metrics::RANK_BYTES, "rank" => self.label.clone())
                     .increment(batch_bytes(rb.data()) as u64);
+                if let (Some(fresh), Some([_, end])) = (&self.fresh, rb.meta.positions) {
+                    fresh.delivered(end);
+                }
                 let mut meta = meta(&rb);
                 meta.last = steps == Some(self.next);
                 Some(Ok((meta, rb.batch.data)))

@@ -38,7 +38,15 @@ fn run(len: u64) -> (Sender<RankBatch>, Arc<Run>) {
 
 fn consumer(run: &Arc<Run>, start_step: u64) -> RankStream {
     let attached = run.attach(0, start_step, true).unwrap();
-    Consumer::new(run.clone(), Default::default(), 0, start_step, attached).into_stream()
+    Consumer::new(
+        run.clone(),
+        Default::default(),
+        0,
+        start_step,
+        attached,
+        None,
+    )
+    .into_stream()
 }
 
 /// Feeds `steps` (the queue is bounded: the stream's reads make room), then ends it.
@@ -125,7 +133,7 @@ async fn a_new_reader_supersedes_a_waiting_one_and_gets_every_step_once() {
 async fn a_drain_keeps_the_queue_moving_and_hands_over_to_a_reader() {
     let (tx, r) = run(8);
     let attached = r.attach(0, u64::MAX, false).unwrap();
-    Consumer::new(r.clone(), Default::default(), 0, u64::MAX, attached).drain();
+    Consumer::new(r.clone(), Default::default(), 0, u64::MAX, attached, None).drain();
     for s in 0..4 {
         tx.send(step(s)).await.unwrap();
     }

@@ -1,0 +1,151 @@
+"""A followed folder's freshness, from a real `hydrant serve --follow`: how long an
+admitted file takes to reach the trainer, how old its events are then (the pipeline names
+an `event_time` column), in `status` and on the Prometheus endpoint; a file without the
+event-time column is skipped and reported."""
+
+import socket
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from conftest import Server, hydrant
+from hydrant_client import Client
+
+PIPELINE = """
+name = "clicks"
+event_time = "ts"
+label = { column = "y" }
+
+[[group]]
+name = "dense"
+kind = "dense"
+columns = ["x"]
+steps = ["fill_null(0)", "standardize"]
+"""
+
+
+def table(rows, first, age_s):
+    now_ms = int(time.time() * 1000)
+    return pa.table(
+        {
+            "x": pa.array(np.arange(first, first + rows, dtype=np.float64)),
+            "y": pa.array(np.zeros(rows, dtype=np.float32)),
+            "ts": pa.array(np.full(rows, now_ms - age_s * 1000), type=pa.timestamp("ms", tz="UTC")),
+        }
+    )
+
+
+def publish(t, folder, name):
+    tmp = folder / f"_tmp-{name}"
+    pq.write_table(t, tmp)
+    tmp.rename(folder / name)
+
+
+def wait_for(predicate, what, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_freshness_of_a_followed_folder(tmp_path):
+    (tmp_path / "clicks.toml").write_text(PIPELINE)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(table(400, 0, 0), tmp_path / "fit.parquet")
+    state = tmp_path / "state.json"
+    hydrant("fit", "--pipeline", tmp_path / "clicks.toml", "--input", tmp_path / "fit.parquet",
+            "--out", state)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = Server("--pipeline", tmp_path / "clicks.toml", "--state", state, "--follow", folder,
+                    "--state-dir", tmp_path / "sd", "--ranks", "1", "--batch-size", "100",
+                    "--metrics-listen", f"127.0.0.1:{port}")
+    try:
+        client = Client(server.uri)
+        got = []
+        reader = threading.Thread(target=lambda: got.extend(client.batches("clicks", 0, 1)),
+                                  daemon=True)
+        reader.start()
+
+        def freshness():
+            return client.status()["pipelines"][0]["pushed"]
+
+        publish(table(400, 0, 60), folder, "a.parquet")
+        wait_for(lambda: freshness()["freshness"]["admission_to_delivery_ms"]["timed"] == 1,
+                 "a.parquet's rows to be delivered")
+        publish(table(400, 0, 60).drop(["ts"]), folder, "b-no-ts.parquet")
+        publish(table(400, 400, 30), folder, "c.parquet")
+        s = wait_for(lambda: (lambda s: s["freshness"]["admission_to_delivery_ms"]["timed"] == 2
+                              and s)(freshness()), "c.parquet's rows to be delivered")
+        fresh = s["freshness"]
+        assert fresh["event_time_column"] == "ts"
+        # c.parquet's newest event was 30 s old when it was written.
+        assert 29 <= fresh["event_time_lag_s"] < 90, fresh
+        latency = fresh["admission_to_delivery_ms"]
+        assert 0 < latency["p50"] <= latency["p99"] < 10_000, latency
+        assert fresh["waiting_admissions"] == 0 and fresh["delivered_position"] == 800
+        skipped = s["follow"]["skipped"]
+        assert [k["file"] for k in skipped] == ["b-no-ts.parquet"], skipped
+        assert "no event-time column `ts`" in skipped[0]["error"]
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert "hydrant_admitted_rows_total 800" in text
+        assert 'hydrant_admission_to_delivery_seconds{quantile="0.5"}' in text
+        assert "hydrant_admission_to_delivery_seconds_count 2" in text
+        assert "hydrant_event_time_lag_seconds" in text
+
+        client.end_ingest("clicks")
+        reader.join(timeout=30)
+        assert not reader.is_alive()
+        real = [i for b in got for i in b.row_id[~b.mask].tolist()]
+        assert real == list(range(800))
+        assert [b.positions for b in got] == [(k * 100, k * 100 + 100) for k in range(8)]
+    finally:
+        server.stop()
+
+
+def test_pushed_batches_need_the_event_time_column_and_are_timed(tmp_path):
+    import pytest
+
+    from hydrant_client import HydrantError
+
+    (tmp_path / "clicks.toml").write_text(PIPELINE.replace('event_time', 'input = "flight"\nevent_time'))
+    pq.write_table(table(400, 0, 0), tmp_path / "fit.parquet")
+    state = tmp_path / "state.json"
+    hydrant("fit", "--pipeline", tmp_path / "clicks.toml", "--input", tmp_path / "fit.parquet",
+            "--out", state)
+    server = Server("--pipeline", tmp_path / "clicks.toml", "--state", state, "--ranks", "1",
+                    "--batch-size", "100")
+    try:
+        client = Client(server.uri)
+        got = []
+        reader = threading.Thread(target=lambda: got.extend(client.batches("clicks", 0, 1)),
+                                  daemon=True)
+        reader.start()
+        with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*no event-time column `ts`"):
+            client.push("clicks", table(100, 0, 5).drop(["ts"]))
+        with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*`ts` is Utf8; a timestamp"):
+            client.push("clicks", table(100, 0, 5).set_column(2, "ts", pa.array(["x"] * 100)))
+        acks = client.push("clicks", table(300, 0, 5).to_batches(max_chunksize=100))
+        assert [a["rows"] for a in acks] == [100, 100, 100]
+
+        def timed():
+            s = client.status()["pipelines"][0]["pushed"]["freshness"]
+            return s if s["admission_to_delivery_ms"]["timed"] == 3 else None
+
+        fresh = wait_for(timed, "three pushed batches to be delivered")
+        assert 4 <= fresh["event_time_lag_s"] < 60, fresh
+        client.end_ingest("clicks")
+        reader.join(timeout=30)
+        assert [i for b in got for i in b.row_id[~b.mask].tolist()] == list(range(300))
+    finally:
+        server.stop()
