@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::push::Pushed;
 use super::run::lock;
+use super::spark_log::SparkLog;
 use super::spool::state_error;
 use crate::error::{Error, Result};
 use crate::source::Inputs;
@@ -167,6 +168,9 @@ pub(super) struct Follower {
     pub manifest: Option<Manifest>,
     pub batch_rows: usize,
     pub counts: Arc<FollowCounts>,
+    /// The log of a Spark file sink writing into the folder, once one is seen: then only
+    /// the files of its committed batches are admitted.
+    pub spark: Option<SparkLog>,
 }
 
 /// Why following stopped.
@@ -219,8 +223,29 @@ impl Follower {
         }
     }
 
-    /// Eligible files not seen yet, in name order.
-    fn new_files(&self, seen: &mut HashSet<String>) -> Vec<String> {
+    /// Eligible files not seen yet: in name order, or as a Spark file sink's log commits
+    /// them.
+    fn new_files(&mut self, seen: &mut HashSet<String>) -> Vec<String> {
+        if self.spark.is_none() {
+            self.spark = SparkLog::find(&self.dir);
+        }
+        if let Some(log) = &mut self.spark {
+            let mut names = Vec::new();
+            for file in log.new_files() {
+                match file {
+                    Ok(f) if !eligible(&f) => {
+                        self.counts.skip(&f, "not a .parquet, .arrow or .ipc file");
+                    }
+                    Ok(f) => {
+                        if seen.insert(f.clone()) {
+                            names.push(f);
+                        }
+                    }
+                    Err(e) => self.counts.skip(super::spark_log::LOG_DIR, &e),
+                }
+            }
+            return names;
+        }
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };

@@ -32,6 +32,7 @@ mod follow;
 mod fresh;
 mod push;
 mod run;
+mod spark_log;
 mod spool;
 mod stream;
 
@@ -210,6 +211,7 @@ impl ServedPipeline {
             manifest,
             batch_rows: self.read_rows,
             counts,
+            spark: None,
         };
         let replay = recorded.split_off(first);
         std::thread::Builder::new()
