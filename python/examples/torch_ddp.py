@@ -11,6 +11,9 @@ loss, checkpoints every few steps and resumes from the checkpoint's (epoch, step
 
 Run it again with `--resume` after a crash (or after `--stop-after-step S`, which
 checkpoints at step S and exits as a crash would) and it goes on from the next step.
+Against a stream (a followed folder or pushed input, one endless epoch 0), `--commit`
+commits the step after each checkpoint, so a restarted server delivers from there too
+(see spark_streaming.py).
 The last line rank 0 prints is a JSON summary that the CI test checks: steps per rank,
 the batch sizes seen, each epoch's real row ids (gathered from all ranks) with
 `--record-rows`, and the mean loss of the last logged window.
@@ -77,6 +80,8 @@ def main():
     ap.add_argument("--checkpoint", default="hydrant-ddp.pt")
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--resume", action="store_true", help="go on from --checkpoint")
+    ap.add_argument("--commit", action="store_true",
+                    help="commit the step after each checkpoint (streams)")
     ap.add_argument("--stop-after-step", type=int, help="checkpoint at this step and exit")
     ap.add_argument("--record-rows", help="write each epoch's real row ids here (JSON)")
     ap.add_argument("--log-every", type=int, default=20)
@@ -129,6 +134,9 @@ def main():
                 start_epoch, args.stop_after_step)
             if rank == 0 and (step % args.checkpoint_every == 0 or last_of_run):
                 save(args.checkpoint, model.module, opt, epoch, step)
+                if args.commit:
+                    # Saved first: a restart delivers from the step after the checkpoint.
+                    Client(args.uri).commit(args.pipeline, step + 1)
             if last_of_run:
                 stopped = True
                 break
