@@ -30,7 +30,6 @@ The rows are synthetic Criteo-like clicks made from Spark's `rate-micro-batch` s
 them, and the click depends on a few columns, so a model learns. Needs `pip install pyspark` and Java 17.
 """
 import argparse
-import time
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
