@@ -296,7 +296,7 @@ impl Pipeline {
     ) -> Result<Self> {
         let mut opened = Inputs::open(inputs, spec.batch_rows)?;
         let plan = spec.plan(&opened.schema())?;
-        opened.prepare(&plan, |s| spec.plan(s))?;
+        opened.prepare(&plan, |s| spec.plan(s), &[])?;
         let bound = match &state {
             Some(state) => Some(plan.transformer(state)?),
             None => None,

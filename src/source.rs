@@ -135,14 +135,21 @@ impl Inputs {
         &self.units
     }
 
-    /// Checks every file against the plan, and arranges to read only the columns it needs,
-    /// with string columns dictionary-encoded (so each distinct value is mapped once).
+    /// Checks every file against the plan, and arranges to read only the columns it needs
+    /// (and `extra` ones, where a file has them), with string columns dictionary-encoded
+    /// (so each distinct value is mapped once).
     pub fn prepare(
         &mut self,
         plan: &FeaturePlan,
         check: impl Fn(&Schema) -> Result<FeaturePlan>,
+        extra: &[String],
     ) -> Result<()> {
-        let wanted = plan.input_columns();
+        let mut wanted = plan.input_columns();
+        for c in extra {
+            if !wanted.contains(c) {
+                wanted.push(c.clone());
+            }
+        }
         let strings = plan.string_columns();
         for (i, f) in self.files.iter_mut().enumerate() {
             check(&f.schema).map_err(|e| match e {

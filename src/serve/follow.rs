@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use hydrant_flight::ServeError;
-use hydrant_operators::ROW_ID;
+use hydrant_operators::{FeaturePlan, ROW_ID};
 use serde::{Deserialize, Serialize};
 
 use super::push::Pushed;
@@ -29,6 +29,7 @@ use super::spark_log::SparkLog;
 use super::spool::state_error;
 use crate::error::{Error, Result};
 use crate::source::Inputs;
+use crate::spec::PipelineSpec;
 
 /// The manifest's file name in the state directory.
 pub const MANIFEST_FILE: &str = "follow.manifest";
@@ -171,7 +172,14 @@ pub(super) struct Follower {
     /// The log of a Spark file sink writing into the folder, once one is seen: then only
     /// the files of its committed batches are admitted.
     pub spark: Option<SparkLog>,
+    /// What files are read for: only its columns are decoded (strings dictionary-encoded,
+    /// as in file mode), and each file's schema is checked against the pipeline first.
+    pub plan: Arc<FeaturePlan>,
+    pub spec: PipelineSpec,
 }
+
+/// Batches a followed file's reader decodes ahead of their admission.
+const READ_AHEAD: usize = 2;
 
 /// Why following stopped.
 enum Stop {
@@ -308,8 +316,9 @@ impl Follower {
     }
 
     /// Admits the rows of `file` (at most `limit`), whose admission began at `since`;
-    /// returns how many, and why it stopped short, if it did. A file that cannot be read from some batch on is skipped from
-    /// there (the rows before it stay admitted, as they were delivered).
+    /// returns how many, and why it stopped short, if it did. A file that cannot be read
+    /// from some batch on is skipped from there (the rows before it stay admitted, as they
+    /// were delivered).
     fn admit_rows(
         &self,
         pushed: &Pushed,
@@ -318,20 +327,42 @@ impl Follower {
         since: Instant,
     ) -> std::result::Result<(u64, Option<String>), Stop> {
         let path = self.dir.join(file);
-        let inputs = match Inputs::open(std::slice::from_ref(&path), self.batch_rows) {
+        let mut inputs = match Inputs::open(std::slice::from_ref(&path), self.batch_rows) {
             Ok(i) => i,
             Err(e) => return Ok((0, Some(e.to_string()))),
         };
-        let (mut rows, mut first) = (0u64, true);
-        for unit in inputs.units() {
-            let batches = match inputs.read(unit) {
-                Ok(b) => b,
-                Err(e) => return Ok((rows, Some(e.to_string()))),
-            };
-            for batch in batches {
+        let extra: Vec<String> = self.spec.event_time.iter().cloned().collect();
+        if let Err(e) = inputs.prepare(&self.plan, |s| self.spec.plan(s), &extra) {
+            return Ok((0, Some(e.to_string())));
+        }
+        // Decoded on a thread of its own, a few batches ahead, while this one featurizes
+        // and cuts: the two halves of the work overlap, as file mode's workers do.
+        std::thread::scope(|scope| {
+            let (tx, rx) = crossbeam_channel::bounded(READ_AHEAD);
+            scope.spawn(move || {
+                for unit in inputs.units() {
+                    let batches = match inputs.read(unit) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            let _ = tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    };
+                    for batch in batches {
+                        let failed = batch.is_err();
+                        let sent = tx.send(batch.map(|b| b.data).map_err(|e| e.to_string()));
+                        if sent.is_err() || failed {
+                            return; // the admission stopped, or the file went bad
+                        }
+                    }
+                }
+            });
+            // Returning drops `rx`: the reader's next send fails and it ends.
+            let (mut rows, mut first) = (0u64, true);
+            for batch in rx {
                 let mut data = match batch {
-                    Ok(b) => b.data,
-                    Err(e) => return Ok((rows, Some(e.to_string()))),
+                    Ok(b) => b,
+                    Err(e) => return Ok((rows, Some(e))),
                 };
                 if let Ok(i) = data.schema().index_of(ROW_ID) {
                     data.remove_column(i);
@@ -350,8 +381,8 @@ impl Follower {
                     Err(_) => return Err(Stop::Over), // ended, or the queues are gone
                 }
             }
-        }
-        Ok((rows, None))
+            Ok((rows, None))
+        })
     }
 }
 

@@ -212,6 +212,8 @@ impl ServedPipeline {
             batch_rows: self.read_rows,
             counts,
             spark: None,
+            plan: self.plan.clone(),
+            spec: ingest.lock().featurizer.spec().clone(),
         };
         let replay = recorded.split_off(first);
         std::thread::Builder::new()

@@ -473,6 +473,11 @@ impl PushFeaturizer {
         }
     }
 
+    /// The pipeline it featurizes for.
+    pub fn spec(&self) -> &PipelineSpec {
+        &self.spec
+    }
+
     /// Featurizes `batch`, its rows numbered from `first_row`.
     pub fn featurize(
         &mut self,
