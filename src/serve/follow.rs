@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Receiver;
 use hydrant_flight::ServeError;
-use hydrant_operators::{FeaturePlan, ROW_ID};
 use serde::{Deserialize, Serialize};
 
 use super::push::Pushed;
@@ -28,8 +28,9 @@ use super::run::lock;
 use super::spark_log::SparkLog;
 use super::spool::state_error;
 use crate::error::{Error, Result};
-use crate::source::Inputs;
-use crate::spec::PipelineSpec;
+mod read;
+use read::Read;
+pub(super) use read::Reader;
 
 /// The manifest's file name in the state directory.
 pub const MANIFEST_FILE: &str = "follow.manifest";
@@ -167,18 +168,15 @@ pub(super) struct Follower {
     pub pushed: Weak<Pushed>,
     pub dir: PathBuf,
     pub manifest: Option<Manifest>,
-    pub batch_rows: usize,
     pub counts: Arc<FollowCounts>,
     /// The log of a Spark file sink writing into the folder, once one is seen: then only
     /// the files of its committed batches are admitted.
     pub spark: Option<SparkLog>,
-    /// What files are read for: only its columns are decoded (strings dictionary-encoded,
-    /// as in file mode), and each file's schema is checked against the pipeline first.
-    pub plan: Arc<FeaturePlan>,
-    pub spec: PipelineSpec,
+    /// How the files are decoded (ahead of their admission, on a thread of its own).
+    pub read: Reader,
 }
 
-/// Batches a followed file's reader decodes ahead of their admission.
+/// Batches decoded ahead of their admission.
 const READ_AHEAD: usize = 2;
 
 /// Why following stopped.
@@ -197,17 +195,15 @@ impl Follower {
         let mut seen = seen;
         let mut todo: Vec<(Admission, bool)> = replay.into_iter().map(|a| (a, true)).collect();
         loop {
-            for (a, replayed) in std::mem::take(&mut todo) {
-                match self.admit(&a, replayed) {
-                    Ok(()) => {}
-                    Err(Stop::Over) => return,
-                    Err(Stop::Failed(e)) => {
-                        eprintln!("hydrant: following {} stopped: {e}", self.dir.display());
-                        if let Some(p) = self.pushed.upgrade() {
-                            p.fail(e);
-                        }
-                        return;
+            match self.admit_all(std::mem::take(&mut todo)) {
+                Ok(()) => {}
+                Err(Stop::Over) => return,
+                Err(Stop::Failed(e)) => {
+                    eprintln!("hydrant: following {} stopped: {e}", self.dir.display());
+                    if let Some(p) = self.pushed.upgrade() {
+                        p.fail(e);
                     }
+                    return;
                 }
             }
             std::thread::sleep(POLL);
@@ -266,9 +262,32 @@ impl Follower {
         names
     }
 
-    /// Admits one file: recorded (unless `replayed` from the manifest), then its rows
-    /// (as many as recorded, when they were).
-    fn admit(&mut self, a: &Admission, replayed: bool) -> std::result::Result<(), Stop> {
+    /// Admits `todo` in order, decoded ahead on a thread of its own.
+    fn admit_all(&mut self, todo: Vec<(Admission, bool)>) -> std::result::Result<(), Stop> {
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let files: Vec<String> = todo.iter().map(|(a, _)| a.file.clone()).collect();
+        let reader = self.read.clone();
+        std::thread::scope(|scope| {
+            let (tx, rx) = crossbeam_channel::bounded(READ_AHEAD);
+            scope.spawn(move || reader.run(&files, tx));
+            // An early return drops `rx`: the reader's next send fails and it ends.
+            for (a, replayed) in &todo {
+                self.admit(a, *replayed, &rx)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Admits one file, whose batches `rx` brings next: recorded (unless `replayed` from
+    /// the manifest), then its rows (as many as recorded, when they were).
+    fn admit(
+        &mut self,
+        a: &Admission,
+        replayed: bool,
+        rx: &Receiver<Read>,
+    ) -> std::result::Result<(), Stop> {
         let pushed = self.pushed.upgrade().ok_or(Stop::Over)?;
         let since = Instant::now();
         let row = pushed.next_row();
@@ -288,7 +307,7 @@ impl Follower {
             };
             m.append(&begin).map_err(|e| Stop::Failed(e.to_string()))?;
         }
-        let (rows, error) = self.admit_rows(&pushed, &a.file, a.rows, since)?;
+        let (rows, error) = self.admit_rows(&pushed, rx, a.rows, since)?;
         // Clients are told the file's name in the folder, not the server's path.
         let path = self.dir.join(&a.file).display().to_string();
         let error = error.map(|e| e.replace(&path, &a.file));
@@ -315,74 +334,50 @@ impl Follower {
         Ok(())
     }
 
-    /// Admits the rows of `file` (at most `limit`), whose admission began at `since`;
-    /// returns how many, and why it stopped short, if it did. A file that cannot be read
-    /// from some batch on is skipped from there (the rows before it stay admitted, as they
-    /// were delivered).
+    /// Admits the rows of the file `rx` brings next (at most `limit`), whose admission
+    /// began at `since`; returns how many, and why it stopped short, if it did. A file
+    /// that cannot be read from some batch on is skipped from there (the rows before it
+    /// stay admitted, as they were delivered).
     fn admit_rows(
         &self,
         pushed: &Pushed,
-        file: &str,
+        rx: &Receiver<Read>,
         limit: Option<u64>,
         since: Instant,
     ) -> std::result::Result<(u64, Option<String>), Stop> {
-        let path = self.dir.join(file);
-        let mut inputs = match Inputs::open(std::slice::from_ref(&path), self.batch_rows) {
-            Ok(i) => i,
-            Err(e) => return Ok((0, Some(e.to_string()))),
-        };
-        let extra: Vec<String> = self.spec.event_time.iter().cloned().collect();
-        if let Err(e) = inputs.prepare(&self.plan, |s| self.spec.plan(s), &extra) {
-            return Ok((0, Some(e.to_string())));
-        }
-        // Decoded on a thread of its own, a few batches ahead, while this one featurizes
-        // and cuts: the two halves of the work overlap, as file mode's workers do.
-        std::thread::scope(|scope| {
-            let (tx, rx) = crossbeam_channel::bounded(READ_AHEAD);
-            scope.spawn(move || {
-                for unit in inputs.units() {
-                    let batches = match inputs.read(unit) {
-                        Ok(b) => b,
-                        Err(e) => {
-                            let _ = tx.send(Err(e.to_string()));
-                            return;
-                        }
-                    };
-                    for batch in batches {
-                        let failed = batch.is_err();
-                        let sent = tx.send(batch.map(|b| b.data).map_err(|e| e.to_string()));
-                        if sent.is_err() || failed {
-                            return; // the admission stopped, or the file went bad
-                        }
+        let (mut rows, mut first, mut error, mut open) = (0u64, true, None, true);
+        loop {
+            let read = rx
+                .recv()
+                .map_err(|_| Stop::Failed("the reader of the followed files stopped".into()))?;
+            let mut data = match read {
+                Read::Done => return Ok((rows, error)),
+                Read::Failed(e) => {
+                    if open {
+                        error = Some(e);
                     }
+                    open = false;
+                    continue;
                 }
-            });
-            // Returning drops `rx`: the reader's next send fails and it ends.
-            let (mut rows, mut first) = (0u64, true);
-            for batch in rx {
-                let mut data = match batch {
-                    Ok(b) => b,
-                    Err(e) => return Ok((rows, Some(e))),
-                };
-                if let Ok(i) = data.schema().index_of(ROW_ID) {
-                    data.remove_column(i);
+                // The rest of a file that stopped short is let go.
+                Read::Batch(_) if !open => continue,
+                Read::Batch(data) => data,
+            };
+            if let Some(limit) = limit {
+                let left = limit.saturating_sub(rows) as usize;
+                if left == 0 {
+                    open = false;
+                    continue;
                 }
-                if let Some(limit) = limit {
-                    let left = limit.saturating_sub(rows) as usize;
-                    if left == 0 {
-                        return Ok((rows, None));
-                    }
-                    data = data.slice(0, left.min(data.num_rows()));
-                }
-                let n = data.num_rows() as u64;
-                match pushed.admit_followed(data, since, std::mem::take(&mut first)) {
-                    Ok(()) => rows += n,
-                    Err(ServeError::InvalidArgument(e)) => return Ok((rows, Some(e))),
-                    Err(_) => return Err(Stop::Over), // ended, or the queues are gone
-                }
+                data = data.slice(0, left.min(data.num_rows()));
             }
-            Ok((rows, None))
-        })
+            let n = data.num_rows() as u64;
+            match pushed.admit_followed(data, since, std::mem::take(&mut first)) {
+                Ok(()) => rows += n,
+                Err(ServeError::InvalidArgument(e)) => (error, open) = (Some(e), false),
+                Err(_) => return Err(Stop::Over), // ended, or the queues are gone
+            }
+        }
     }
 }
 

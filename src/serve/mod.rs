@@ -209,11 +209,14 @@ impl ServedPipeline {
             pushed: Arc::downgrade(&ingest),
             dir: dir.to_path_buf(),
             manifest,
-            batch_rows: self.read_rows,
             counts,
             spark: None,
-            plan: self.plan.clone(),
-            spec: ingest.lock().featurizer.spec().clone(),
+            read: follow::Reader {
+                dir: dir.to_path_buf(),
+                batch_rows: self.read_rows,
+                plan: self.plan.clone(),
+                spec: ingest.lock().featurizer.spec().clone(),
+            },
         };
         let replay = recorded.split_off(first);
         std::thread::Builder::new()
