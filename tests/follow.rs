@@ -206,3 +206,47 @@ fn a_followed_folder_streams_new_files_and_resumes_from_a_commit() {
     // Files are the user's: all still there.
     assert!(parts.iter().all(|p| p.exists()) && b.join("p0.parquet").exists());
 }
+
+/// `end_ingest` on a followed folder is recorded in the manifest: a server SIGKILLed after
+/// it and restarted on the same state directory ends the stream at the same row — the
+/// same steps, then a clean end — and a file that appeared since is not admitted.
+#[test]
+fn an_ended_followed_input_stays_ended_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[3_000, 3_000], 43);
+    let part = |i: usize| source.join(format!("part-{i}.parquet"));
+    let (folder, state_dir) = (dir.path().join("followed"), dir.path().join("state-dir"));
+    std::fs::create_dir_all(&folder).unwrap();
+    let rt = common::pushed::runtime();
+    let first = rt.block_on(async {
+        let (mut server, uri) = serve_following(&folder, &state, &state_dir);
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 0, usize::MAX).await }
+        });
+        publish(&part(0), &folder, "p0.parquet");
+        admitted(&uri, 1).await;
+        end(&uri).await;
+        let got = reader.await.unwrap();
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+        got
+    });
+    // 3,000 rows in steps of 2 x 500: 3 steps per rank.
+    assert_eq!(first.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3]);
+    publish(&part(1), &folder, "p1.parquet");
+    let again = rt.block_on(async {
+        let (_server, uri) = serve_following(&folder, &state, &state_dir);
+        let reading = read(&uri, 0, usize::MAX);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(60), reading)
+            .await
+            .expect("the restarted stream ends where the first one did");
+        let s = status(&uri).await;
+        assert_eq!((&s["ended"], &s["rows_in"]), (&true.into(), &3_000.into()), "{s}");
+        got
+    });
+    assert_eq!(again.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3]);
+    for (g, w) in again.iter().flatten().zip(first.iter().flatten()) {
+        assert_eq!((g.meta.step, &g.batch), (w.meta.step, &w.batch));
+    }
+}

@@ -27,6 +27,7 @@ use super::push::Pushed;
 use super::run::lock;
 use super::spark_log::SparkLog;
 use super::spool::state_error;
+use super::stream::Runs;
 use crate::error::{Error, Result};
 mod read;
 use read::Read;
@@ -54,6 +55,32 @@ enum Line {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    /// The input was ended (`end_ingest`) after `rows` stream rows: nothing more comes.
+    Ended { rows: u64 },
+}
+
+/// What a manifest records.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Recorded {
+    /// The admissions, in order.
+    pub admissions: Vec<Admission>,
+    /// The stream row the input was ended at, if it was.
+    pub ended: Option<u64>,
+}
+
+impl Recorded {
+    /// The admissions to replay: when the input was ended, only the rows before its end
+    /// (a file begun before the end is read only that far; one begun after, not at all).
+    pub fn into_replay(mut self) -> Vec<Admission> {
+        if let Some(end) = self.ended {
+            self.admissions.retain(|a| a.row < end);
+            for a in &mut self.admissions {
+                let left = end - a.row;
+                a.rows = Some(a.rows.map_or(left, |r| r.min(left)));
+            }
+        }
+        self.admissions
+    }
 }
 
 /// A file the manifest says was admitted (or begun: `rows` unknown).
@@ -72,8 +99,8 @@ pub(super) struct Manifest {
 
 impl Manifest {
     /// Opens the manifest in `dir` (creating it), cuts off a torn last line, and returns
-    /// it with the admissions it records, in order.
-    pub fn open(dir: &Path) -> Result<(Manifest, Vec<Admission>)> {
+    /// it with what it records.
+    pub fn open(dir: &Path) -> Result<(Manifest, Recorded)> {
         std::fs::create_dir_all(dir).map_err(|e| state_error(dir, &e))?;
         let path = dir.join(MANIFEST_FILE);
         let mut file = OpenOptions::new()
@@ -82,7 +109,7 @@ impl Manifest {
             .create(true)
             .open(&path)
             .map_err(|e| state_error(&path, &e))?;
-        let (mut admissions, mut whole) = (Vec::<Admission>::new(), 0u64);
+        let (mut admissions, mut whole, mut ended) = (Vec::<Admission>::new(), 0u64, None);
         let mut reader = std::io::BufReader::new(&file);
         let mut line = String::new();
         loop {
@@ -109,6 +136,7 @@ impl Manifest {
                         return Err(state_error(&path, &why));
                     }
                 },
+                Line::Ended { rows } => ended = Some(rows),
             }
             whole += n as u64;
         }
@@ -119,7 +147,12 @@ impl Manifest {
         }
         file.seek(SeekFrom::End(0))
             .map_err(|e| state_error(&path, &e))?;
-        Ok((Manifest { file, path }, admissions))
+        Ok((Manifest { file, path }, Recorded { admissions, ended }))
+    }
+
+    /// Records that the input was ended after `rows` stream rows.
+    pub fn record_end(&mut self, rows: u64) -> Result<()> {
+        self.append(&Line::Ended { rows })
     }
 
     fn append(&mut self, line: &Line) -> Result<()> {
@@ -167,13 +200,17 @@ impl FollowCounts {
 pub(super) struct Follower {
     pub pushed: Weak<Pushed>,
     pub dir: PathBuf,
-    pub manifest: Option<Manifest>,
+    /// Shared with `end_ingest`, which records the input's end in it.
+    pub manifest: Option<Arc<Mutex<Manifest>>>,
     pub counts: Arc<FollowCounts>,
     /// The log of a Spark file sink writing into the folder, once one is seen: then only
     /// the files of its committed batches are admitted.
     pub spark: Option<SparkLog>,
     /// How the files are decoded (ahead of their admission, on a thread of its own).
     pub read: Reader,
+    /// The manifest says the input was ended: after the replay it ends there again (these
+    /// are the runs to tell), and no new file is followed.
+    pub end_after_replay: Option<Weak<Runs>>,
 }
 
 /// Batches decoded ahead of their admission.
@@ -205,6 +242,15 @@ impl Follower {
                     }
                     return;
                 }
+            }
+            if let Some(runs) = self.end_after_replay.take() {
+                // Ended before the restart: it ends at the same row again.
+                if let (Some(p), Some(runs)) = (self.pushed.upgrade(), runs.upgrade())
+                    && let Err(e) = p.end_replayed(&runs)
+                {
+                    eprintln!("hydrant: ending the followed input again failed: {e}");
+                }
+                return;
             }
             std::thread::sleep(POLL);
             let Some(pushed) = self.pushed.upgrade() else {
@@ -289,6 +335,9 @@ impl Follower {
         rx: &Receiver<Read>,
     ) -> std::result::Result<(), Stop> {
         let pushed = self.pushed.upgrade().ok_or(Stop::Over)?;
+        if pushed.counts.ended.load(Ordering::SeqCst) {
+            return Err(Stop::Over); // nothing is admitted after `end_ingest`
+        }
         let since = Instant::now();
         let row = pushed.next_row();
         if replayed && a.row != row {
@@ -298,14 +347,16 @@ impl Follower {
             );
             return Err(Stop::Failed(why));
         }
-        if let Some(m) = &mut self.manifest
+        if let Some(m) = &self.manifest
             && !replayed
         {
             let begin = Line::Begin {
                 file: a.file.clone(),
                 row,
             };
-            m.append(&begin).map_err(|e| Stop::Failed(e.to_string()))?;
+            lock(m)
+                .append(&begin)
+                .map_err(|e| Stop::Failed(e.to_string()))?;
         }
         let (rows, error) = self.admit_rows(&pushed, rx, a.rows, since)?;
         // Clients are told the file's name in the folder, not the server's path.
@@ -320,7 +371,7 @@ impl Follower {
             let why = format!("{} gave {rows} rows, {want} when first admitted", a.file);
             return Err(Stop::Failed(why));
         }
-        if let Some(m) = &mut self.manifest
+        if let Some(m) = &self.manifest
             && a.rows.is_none()
         {
             let end = Line::End {
@@ -328,7 +379,9 @@ impl Follower {
                 rows,
                 error,
             };
-            m.append(&end).map_err(|e| Stop::Failed(e.to_string()))?;
+            lock(m)
+                .append(&end)
+                .map_err(|e| Stop::Failed(e.to_string()))?;
         }
         self.counts.files.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -420,11 +473,35 @@ mod tests {
     }
 
     #[test]
+    fn an_ended_input_replays_only_the_rows_before_its_end() {
+        let a = |row, rows| Admission {
+            file: format!("f{row}"),
+            row,
+            rows,
+        };
+        let ended = Recorded {
+            admissions: vec![a(0, Some(10)), a(10, None), a(25, None)],
+            ended: Some(20),
+        };
+        let got: Vec<_> = ended
+            .into_replay()
+            .iter()
+            .map(|a| (a.row, a.rows))
+            .collect();
+        assert_eq!(got, [(0, Some(10)), (10, Some(10))]);
+        let open = Recorded {
+            admissions: vec![a(0, None)],
+            ended: None,
+        };
+        assert_eq!(open.into_replay()[0].rows, None);
+    }
+
+    #[test]
     fn the_manifest_reads_back_and_a_torn_line_is_cut_off() {
         let dir = tempfile::tempdir().unwrap();
         {
             let (mut m, read) = Manifest::open(dir.path()).unwrap();
-            assert!(read.is_empty());
+            assert_eq!(read, Recorded::default());
             for line in [
                 Line::Begin {
                     file: "a.parquet".into(),
@@ -448,9 +525,10 @@ mod tests {
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(br#"{"event":"end","file":"b.parq"#).unwrap();
         drop(f);
-        let (_, read) = Manifest::open(dir.path()).unwrap();
+        let (mut m, read) = Manifest::open(dir.path()).unwrap();
+        assert_eq!(read.ended, None);
         assert_eq!(
-            read,
+            read.admissions,
             [
                 Admission {
                     file: "a.parquet".into(),
@@ -465,6 +543,13 @@ mod tests {
             ]
         );
         assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
+        // Ended at row 14: b is replayed only that far.
+        m.record_end(14).unwrap();
+        drop(m);
+        let (_, read) = Manifest::open(dir.path()).unwrap();
+        assert_eq!(read.ended, Some(14));
+        let rows: Vec<_> = read.into_replay().iter().map(|a| a.rows).collect();
+        assert_eq!(rows, [Some(10), Some(4)]);
         // A whole line that is not one is damage, not a torn tail.
         std::fs::write(&path, "{\"event\":\"end\",\"file\":\"z\",\"rows\":1}\n").unwrap();
         let err = Manifest::open(dir.path()).err().unwrap().to_string();

@@ -179,11 +179,16 @@ impl ServedPipeline {
         };
         follow::check_folder(dir)?;
         ingest.follow_only();
-        let (mut manifest, mut recorded) = (None, Vec::new());
+        let (mut manifest, mut recorded, mut ended) = (None, Vec::new(), None);
         let mut replay_from = 0;
         if let Some(sd) = state_dir {
-            let (m, admissions) = follow::Manifest::open(sd)?;
-            (manifest, recorded) = (Some(m), admissions);
+            let (m, rec) = follow::Manifest::open(sd)?;
+            ended = rec.ended;
+            recorded = rec.into_replay();
+            let m = Arc::new(Mutex::new(m));
+            let writer = m.clone();
+            ingest.lock().end_record = Some(Box::new(move |rows| lock(&writer).record_end(rows)));
+            manifest = Some(m);
             if let Some(commit) = spool::read_commit(sd)? {
                 self.resume(&ingest, &commit, sd)?;
                 replay_from = commit.row;
@@ -217,6 +222,7 @@ impl ServedPipeline {
                 plan: self.plan.clone(),
                 spec: ingest.lock().featurizer.spec().clone(),
             },
+            end_after_replay: ended.map(|_| Arc::downgrade(&self.runs)),
         };
         let replay = recorded.split_off(first);
         std::thread::Builder::new()
@@ -326,6 +332,7 @@ impl ServedPipeline {
                     replaying: false,
                     skip_below: 0,
                     replay_failed: None,
+                    end_record: None,
                 },
                 placement,
                 event_time,

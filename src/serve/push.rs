@@ -61,7 +61,13 @@ pub(super) struct Ingest {
     pub skip_below: u64,
     /// Why the spool could not be admitted again: nothing more is taken on top of it.
     pub replay_failed: Option<String>,
+    /// Makes the end durable where there is no spool (a followed folder's manifest):
+    /// called with the rows admitted before the input ends.
+    pub end_record: Option<EndRecord>,
 }
+
+/// Records durably that the input ends after the rows given.
+pub(super) type EndRecord = Box<dyn FnMut(u64) -> crate::Result<()> + Send>;
 
 /// What `status` reports of pushed input.
 #[derive(Default)]
@@ -279,6 +285,12 @@ impl Pushed {
         self.end_locked(&mut guard, runs, true)
     }
 
+    /// Ends the input again after a restart, where it was recorded as ended.
+    pub fn end_replayed(&self, runs: &Runs) -> Result<(), ServeError> {
+        let mut guard = self.lock();
+        self.end_locked(&mut guard, runs, false)
+    }
+
     fn end_locked(&self, st: &mut Ingest, runs: &Runs, durable: bool) -> Result<(), ServeError> {
         if st.senders.is_none() {
             return Ok(()); // ended already
@@ -287,6 +299,9 @@ impl Pushed {
             spool
                 .append(&Record::End, st.next_row)
                 .map_err(|e| ServeError::Internal(e.to_string()))?;
+        }
+        if durable && let Some(record) = &mut st.end_record {
+            record(st.next_row).map_err(|e| ServeError::Internal(e.to_string()))?;
         }
         let senders = st.senders.take().unwrap_or_default();
         let mut ranked = Vec::new();
