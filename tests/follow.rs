@@ -242,7 +242,11 @@ fn an_ended_followed_input_stays_ended_after_a_restart() {
             .await
             .expect("the restarted stream ends where the first one did");
         let s = status(&uri).await;
-        assert_eq!((&s["ended"], &s["rows_in"]), (&true.into(), &3_000.into()), "{s}");
+        assert_eq!(
+            (&s["ended"], &s["rows_in"]),
+            (&true.into(), &3_000.into()),
+            "{s}"
+        );
         got
     });
     assert_eq!(again.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3]);
