@@ -55,26 +55,38 @@ def wait_for(predicate, what, timeout=30):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_freshness_of_a_followed_folder(tmp_path):
-    (tmp_path / "clicks.toml").write_text(PIPELINE)
-    folder = tmp_path / "in"
-    folder.mkdir()
+def fitted(tmp_path, pipeline):
+    """The pipeline file and a state fitted on rows like the test's."""
+    toml = tmp_path / "clicks.toml"
+    toml.write_text(pipeline)
     pq.write_table(table(400, 0, 0), tmp_path / "fit.parquet")
     state = tmp_path / "state.json"
-    hydrant("fit", "--pipeline", tmp_path / "clicks.toml", "--input", tmp_path / "fit.parquet",
-            "--out", state)
+    hydrant("fit", "--pipeline", toml, "--input", tmp_path / "fit.parquet", "--out", state)
+    return toml, state
+
+
+def read_in_background(client):
+    """Rank 0's batches (of 1), gathered on a thread until the stream ends."""
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(client.batches("clicks", 0, 1)),
+                              daemon=True)
+    reader.start()
+    return got, reader
+
+
+def test_freshness_of_a_followed_folder(tmp_path):
+    toml, state = fitted(tmp_path, PIPELINE)
+    folder = tmp_path / "in"
+    folder.mkdir()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = Server("--pipeline", tmp_path / "clicks.toml", "--state", state, "--follow", folder,
+    server = Server("--pipeline", toml, "--state", state, "--follow", folder,
                     "--state-dir", tmp_path / "sd", "--ranks", "1", "--batch-size", "100",
                     "--metrics-listen", f"127.0.0.1:{port}")
     try:
         client = Client(server.uri)
-        got = []
-        reader = threading.Thread(target=lambda: got.extend(client.batches("clicks", 0, 1)),
-                                  daemon=True)
-        reader.start()
+        got, reader = read_in_background(client)
 
         def freshness():
             return client.status()["pipelines"][0]["pushed"]
@@ -118,19 +130,13 @@ def test_pushed_batches_need_the_event_time_column_and_are_timed(tmp_path):
 
     from hydrant_client import HydrantError
 
-    (tmp_path / "clicks.toml").write_text(PIPELINE.replace('event_time', 'input = "flight"\nevent_time'))
-    pq.write_table(table(400, 0, 0), tmp_path / "fit.parquet")
-    state = tmp_path / "state.json"
-    hydrant("fit", "--pipeline", tmp_path / "clicks.toml", "--input", tmp_path / "fit.parquet",
-            "--out", state)
-    server = Server("--pipeline", tmp_path / "clicks.toml", "--state", state, "--ranks", "1",
+    pushed = PIPELINE.replace("event_time", 'input = "flight"\nevent_time')
+    toml, state = fitted(tmp_path, pushed)
+    server = Server("--pipeline", toml, "--state", state, "--ranks", "1",
                     "--batch-size", "100")
     try:
         client = Client(server.uri)
-        got = []
-        reader = threading.Thread(target=lambda: got.extend(client.batches("clicks", 0, 1)),
-                                  daemon=True)
-        reader.start()
+        got, reader = read_in_background(client)
         with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*no event-time column `ts`"):
             client.push("clicks", table(100, 0, 5).drop(["ts"]))
         with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*`ts` is Utf8; a timestamp"):
