@@ -199,7 +199,6 @@ impl FollowCounts {
 /// Admits the files of a folder as they appear, on a thread of its own.
 pub(super) struct Follower {
     pub pushed: Weak<Pushed>,
-    pub dir: PathBuf,
     /// Shared with `end_ingest`, which records the input's end in it.
     pub manifest: Option<Arc<Mutex<Manifest>>>,
     pub counts: Arc<FollowCounts>,
@@ -236,7 +235,10 @@ impl Follower {
                 Ok(()) => {}
                 Err(Stop::Over) => return,
                 Err(Stop::Failed(e)) => {
-                    eprintln!("hydrant: following {} stopped: {e}", self.dir.display());
+                    eprintln!(
+                        "hydrant: following {} stopped: {e}",
+                        self.read.dir.display()
+                    );
                     if let Some(p) = self.pushed.upgrade() {
                         p.fail(e);
                     }
@@ -277,7 +279,7 @@ impl Follower {
     /// them.
     fn new_files(&mut self, seen: &mut HashSet<String>) -> Vec<String> {
         if self.spark.is_none() {
-            self.spark = SparkLog::find(&self.dir);
+            self.spark = SparkLog::find(&self.read.dir);
         }
         if let Some(log) = &mut self.spark {
             let mut names = Vec::new();
@@ -296,7 +298,7 @@ impl Follower {
             }
             return names;
         }
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+        let Ok(entries) = std::fs::read_dir(&self.read.dir) else {
             return Vec::new();
         };
         let mut names: Vec<String> = entries
@@ -360,7 +362,7 @@ impl Follower {
         }
         let (rows, error) = self.admit_rows(&pushed, rx, a.rows, since)?;
         // Clients are told the file's name in the folder, not the server's path.
-        let path = self.dir.join(&a.file).display().to_string();
+        let path = self.read.dir.join(&a.file).display().to_string();
         let error = error.map(|e| e.replace(&path, &a.file));
         if let Some(e) = &error {
             self.counts.skip(&a.file, e);

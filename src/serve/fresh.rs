@@ -176,7 +176,7 @@ impl Freshness {
 
 /// The newest value of timestamp column `name` of `batch`, in µs since the Unix epoch
 /// (`None` when every value is null).
-pub(super) fn newest_event(batch: &RecordBatch, name: &str) -> Result<Option<i64>, String> {
+fn newest_event(batch: &RecordBatch, name: &str) -> Result<Option<i64>, String> {
     let column = batch
         .column_by_name(name)
         .ok_or_else(|| format!("the batch has no event-time column `{name}`"))?;

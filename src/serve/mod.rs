@@ -212,7 +212,6 @@ impl ServedPipeline {
         self.follow = Some(counts.clone());
         let follower = follow::Follower {
             pushed: Arc::downgrade(&ingest),
-            dir: dir.to_path_buf(),
             manifest,
             counts,
             spark: None,

@@ -232,6 +232,7 @@ impl Pushed {
             .newest_event(&batch)
             .map_err(ServeError::InvalidArgument)
             .inspect_err(rejected)?;
+        // Rows wholly before the commit's row go nowhere: nothing to featurize.
         let featurized = if rows == 0 || skip < rows as usize {
             let featurized = st.featurizer.featurize(batch.clone(), st.next_row);
             let featurized = featurized.inspect_err(rejected)?;
