@@ -30,6 +30,11 @@ class CudaStaging:
     recorded after the copy; the consumer's stream waits on that event when it takes the
     step, so nothing blocks the host and the copy overlaps the previous step's work.
 
+    A step's arrays are packed into one pinned block (torch's ``copy_``, which uses
+    torch's CPU threads) and cross in one copy; the device tensors are views of it. On an
+    H100 this packed at ~28 GB/s where filling a pinned array per tensor through NumPy
+    (one thread) gave 6.5 GB/s, and copies straight from pageable memory 4–7 GB/s.
+
     Pinned blocks come from torch's caching host allocator, which keeps a block until the
     copy that reads it has finished; device tensors are recorded on the consumer's stream
     so that their memory is not reused while the consumer still reads them.
@@ -44,21 +49,26 @@ class CudaStaging:
         self.stream = torch.cuda.Stream(device=self.device)
 
     def prepare(self, batch: Batch):
-        """On the reader thread: pin, copy asynchronously, record the copy's event."""
+        """On the reader thread: pack into pinned memory, copy asynchronously, record the
+        copy's event."""
         torch = self.torch
         out = {"epoch": batch.epoch, "step": batch.step}
+        layout, size = [], 0
+        for key, array in batch.arrays().items():
+            out[key] = None
+            if array is not None:
+                layout.append((key, array, size))
+                size += -(-array.nbytes // _ALIGN) * _ALIGN
+        pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        for _, array, at in layout:
+            pinned[at : at + array.nbytes].copy_(torch.from_numpy(_bytes(array)))
         with torch.cuda.stream(self.stream):
-            for key, array in batch.arrays().items():
-                if array is None:
-                    out[key] = None
-                    continue
-                pinned = torch.empty(
-                    array.shape, dtype=_dtype(torch, array.dtype), pin_memory=True
-                )
-                pinned.numpy()[...] = array
-                out[key] = pinned.to(self.device, non_blocking=True)
+            device = pinned.to(self.device, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
+        for key, array, at in layout:
+            typed = device[at : at + array.nbytes].view(_dtype(torch, array.dtype))
+            out[key] = typed.view(array.shape)
         return out, done
 
     def receive(self, item) -> dict:
@@ -70,6 +80,18 @@ class CudaStaging:
             if isinstance(value, self.torch.Tensor):
                 value.record_stream(current)
         return out
+
+
+# Each array's place in a step's pinned block starts on a multiple of this (a cache line,
+# and more than any dtype's alignment).
+_ALIGN = 64
+
+
+def _bytes(array):
+    """A contiguous array's bytes as a flat uint8 view (no copy)."""
+    import numpy as np
+
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def _dtype(torch, dtype):

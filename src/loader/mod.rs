@@ -17,9 +17,13 @@ use hydrant_operators::{ErrorSlot, ROW_ID};
 
 use crate::delivery::{IS_PADDING, RankBatch, StepMeta};
 
+#[cfg(any(feature = "cuda", test))]
+mod copy;
 #[cfg(feature = "cuda")]
 mod cuda;
 use crate::error::{Error, Result};
+#[cfg(feature = "cuda")]
+pub use cuda::Uploader;
 
 /// Where a loader puts its batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
