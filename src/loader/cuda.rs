@@ -13,7 +13,7 @@
 //! - the staging buffers are plain page-locked memory, not cudarc's default write-combined
 //!   kind: DMA out of write-combined memory ran at 7.8 GB/s there against 46.9 GB/s;
 //! - batches are copied into them by a pool of threads ([`CopyPool`]): one thread's memcpy
-//!   into pinned memory ran at 9.2 GB/s, sixteen at 43 GB/s, and the DMA itself at ~47.
+//!   into pinned memory ran at 9.2 GB/s, sixteen at 43 GB/s, and the DMA itself at ~47 GB/s.
 //!
 //! cudarc panics when libcuda is missing, so [`Uploader::new`] first probes for the library
 //! and falls back to host memory with a log line when it, or the device, is not there.
@@ -56,7 +56,7 @@ impl<T> Drop for Pinned<T> {
 }
 
 /// The filled prefix of a [`Pinned`] buffer, as cudarc's copies take it. The buffer's own
-/// event, not this, orders the copy with later writes (see [`to_device`]).
+/// event, not this, orders the copy with later writes (see [`send`]).
 struct Prefix<'a, T>(&'a mut [T]);
 
 impl<T> HostSlice<T> for Prefix<'_, T> {
@@ -162,8 +162,8 @@ impl<T: DeviceRepr> Fill<'_, T> {
     fn bytes(&mut self) -> (&mut [u8], &[u8]) {
         let dst = &mut *self.dst;
         let size = std::mem::size_of_val(self.src);
-        // SAFETY: both slices hold `n` plain values (f32, i64: DeviceRepr, no padding, no
-        // invalid bit patterns) and are viewed as their `size` bytes for a memcpy.
+        // SAFETY: both slices hold `src.len()` plain values (f32, i64: DeviceRepr, no
+        // padding, no invalid bit patterns), viewed as their `size` bytes for a memcpy.
         unsafe {
             (
                 std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), size),
