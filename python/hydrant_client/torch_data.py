@@ -51,20 +51,27 @@ class CudaStaging:
             raise HydrantError(f"CudaStaging needs a CUDA device, not {self.device}")
         self.stream = torch.cuda.Stream(device=self.device)
 
+    def pack(self, arrays: dict):
+        """The host half of ``prepare``: a step's arrays (``Batch.arrays()``) packed into
+        one pinned block, and where each lies in it (``(key, array, offset)``)."""
+        layout, size = [], 0
+        for key, array in arrays.items():
+            if array is not None:
+                layout.append((key, array, size))
+                size += -(-array.nbytes // _ALIGN) * _ALIGN
+        pinned = self.torch.empty(size, dtype=self.torch.uint8, pin_memory=True)
+        for _, array, at in layout:
+            pinned[at : at + array.nbytes].copy_(self.torch.from_numpy(_bytes(array)))
+        return pinned, layout
+
     def prepare(self, batch: Batch):
         """On the reader thread: pack into pinned memory, copy asynchronously, record the
         copy's event."""
         torch = self.torch
-        out = {"epoch": batch.epoch, "step": batch.step}
-        layout, size = [], 0
-        for key, array in batch.arrays().items():
-            out[key] = None
-            if array is not None:
-                layout.append((key, array, size))
-                size += -(-array.nbytes // _ALIGN) * _ALIGN
-        pinned = torch.empty(size, dtype=torch.uint8, pin_memory=True)
-        for _, array, at in layout:
-            pinned[at : at + array.nbytes].copy_(torch.from_numpy(_bytes(array)))
+        arrays = batch.arrays()
+        out = dict.fromkeys(arrays)
+        out["epoch"], out["step"] = batch.epoch, batch.step
+        pinned, layout = self.pack(arrays)
         with torch.cuda.stream(self.stream):
             device = pinned.to(self.device, non_blocking=True)
             done = torch.cuda.Event()
