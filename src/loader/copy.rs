@@ -4,6 +4,14 @@
 //! ~15 GB/s, about what one thread's memcpy gives (9 GB/s); sixteen threads' memcpy reaches
 //! ~43 GB/s. Written by hand: the copy needs no more than a few channels, and a general
 //! pool (rayon) is not otherwise in the dependency tree.
+//!
+//! The threads copy with streaming (non-temporal) stores, which `memcpy` does not use at
+//! these sizes: nothing on the CPU reads a staging buffer again, so reading each
+//! destination line into the cache before writing it is wasted memory traffic, and the
+//! DMA out of the other buffer competes for the same memory. On that machine the
+//! loader's steady rate (32 batches of 16.5 MB) went from 0.70–0.77× of a bare pinned
+//! copy with `memcpy` to 0.79–0.82× (AVX-512 stores gave no more than SSE2's, which need
+//! no feature detection).
 
 use std::thread::JoinHandle;
 
@@ -91,8 +99,46 @@ fn copy_share(share: Vec<(*mut u8, *const u8, usize)>) {
         // SAFETY: `CopyPool::copy` made these from a `&mut [u8]` and a `&[u8]` of at least
         // `len` bytes that do not overlap (one is borrowed mutably), and it does not return
         // before the share has been copied (see `Pending`).
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        unsafe { stream_copy(dst, src, len) };
     }
+}
+
+/// `len` bytes from `src` to `dst` with non-temporal (streaming) stores: the destination
+/// is written straight to memory, without first reading each cache line in and without
+/// evicting the cache, since no CPU reads a staging buffer again (the DMA engine does).
+///
+/// # Safety
+/// As `ptr::copy_nonoverlapping`: `src` readable and `dst` writable for `len` bytes, not
+/// overlapping.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    // SAFETY: the caller's contract; every access below stays within the `len` bytes, and
+    // the streamed stores go to 16-byte aligned addresses (`head` aligns `d`). SSE2 is
+    // part of x86_64.
+    unsafe {
+        let head = dst.align_offset(16).min(len);
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let (mut d, mut s, mut left) = (dst.add(head), src.add(head), len - head);
+        while left >= 64 {
+            let v = [0, 16, 32, 48].map(|at| _mm_loadu_si128(s.add(at).cast::<__m128i>()));
+            for (at, v) in [0, 16, 32, 48].into_iter().zip(v) {
+                _mm_stream_si128(d.add(at).cast::<__m128i>(), v);
+            }
+            (d, s, left) = (d.add(64), s.add(64), left - 64);
+        }
+        std::ptr::copy_nonoverlapping(s, d, left);
+        // Streamed stores are weakly ordered: they must be visible before this thread
+        // reports the share done (and the DMA that reads them is queued).
+        _mm_sfence();
+    }
+}
+
+/// Elsewhere, a plain copy.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
 /// Counts the jobs still out; waits for them when dropped.
@@ -135,7 +181,30 @@ fn split(pieces: &mut [(&mut [u8], &[u8])], share: usize) -> Vec<Vec<(*mut u8, *
 
 #[cfg(test)]
 mod tests {
-    use super::CopyPool;
+    use super::{CopyPool, stream_copy};
+
+    #[test]
+    fn a_streamed_copy_equals_memcpy_at_any_alignment_and_length() {
+        let src: Vec<u8> = (0..4096).map(|i| (i * 31 % 253) as u8).collect();
+        for len in [0, 1, 15, 16, 17, 63, 64, 65, 127, 1000, 4000] {
+            for (d_at, s_at) in [(0, 0), (1, 0), (0, 3), (7, 9), (15, 1)] {
+                let mut dst = vec![0xAAu8; 4096 + 32];
+                // SAFETY: both ranges lie inside their vectors, which do not overlap.
+                unsafe { stream_copy(dst.as_mut_ptr().add(d_at), src.as_ptr().add(s_at), len) };
+                assert_eq!(
+                    &dst[d_at..d_at + len],
+                    &src[s_at..s_at + len],
+                    "{len} {d_at} {s_at}"
+                );
+                assert!(
+                    dst[..d_at]
+                        .iter()
+                        .chain(&dst[d_at + len..])
+                        .all(|&b| b == 0xAA)
+                );
+            }
+        }
+    }
 
     #[test]
     fn a_pooled_copy_equals_the_source() {
