@@ -154,7 +154,7 @@ unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
         }
         std::ptr::copy_nonoverlapping(s, d, left);
         // Streamed stores are weakly ordered: they must be visible before this thread
-        // reports the share done (and the DMA that reads them is queued).
+        // reports its chunks done (and the DMA that reads them is queued).
         _mm_sfence();
     }
 }

@@ -14,8 +14,8 @@
 //!   kind: DMA out of write-combined memory ran at 7.8 GB/s there against 46.9 GB/s;
 //! - batches are copied into them by a pool of threads ([`CopyPool`]) with streaming
 //!   stores: one thread's memcpy into pinned memory ran at 9.2 GB/s, sixteen at 43 GB/s,
-//!   and the DMA itself at ~47–55 GB/s; the loader's steady rate is 0.79–0.82× a bare
-//!   pinned copy's.
+//!   and the DMA itself at ~47–55 GB/s; the loader's steady rate had a median of 0.75×
+//!   a bare pinned copy's over 11 runs (0.62–0.85×).
 //!
 //! cudarc panics when libcuda is missing, so [`Uploader::new`] first probes for the library
 //! and falls back to host memory with a log line when it, or the device, is not there.
