@@ -34,9 +34,10 @@ class CudaStaging:
 
     A step's arrays are packed into one pinned block (torch's ``copy_``, which uses
     torch's CPU threads) and cross in one copy; the device tensors are views of it. On an
-    H100 this staged ~28 GB/s (pack and copy, 16 MB steps) where filling a pinned array
-    per tensor through NumPy (one thread) gave 6.5 GB/s, and copies straight from pageable
-    memory 4–7 GB/s.
+    H100 this staged 6.5–21 GB/s (pack and copy, 4.5–18 MB steps; the pack and the copy
+    share host memory bandwidth) where filling a pinned array per tensor through NumPy
+    (one thread) gave 6.5 GB/s on 16 MB steps, and copies straight from pageable memory
+    4–7 GB/s.
 
     Pinned blocks come from torch's caching host allocator, which keeps a block until the
     copy that reads it has finished; device tensors are recorded on the consumer's stream
