@@ -55,6 +55,9 @@ pub const REPLAY_BYTES: usize = 24 << 20;
 /// A run no stream has read for this long is forgotten (default of
 /// [`ServedPipeline::with_idle_timeout`]).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Pooled read buffers (`source`'s) that no read took for this long are freed by the
+/// sweep: in a busy server they are taken again within milliseconds.
+const READ_BUFFER_IDLE: Duration = Duration::from_secs(1);
 
 /// Runs kept at once for `world` ranks: two epochs' shared runs and a catch-up run per
 /// rank in each.
@@ -241,6 +244,7 @@ impl ServedPipeline {
     /// a trainer that went away mid-epoch leaves its run's batches and threads behind
     /// until then. (Pushed input's one run is never forgotten.)
     pub fn sweep(&self) -> usize {
+        crate::source::release_idle_read_buffers(READ_BUFFER_IDLE);
         if self.ingest.is_some() {
             return 0;
         }

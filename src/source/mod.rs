@@ -18,6 +18,10 @@ use parquet::arrow::arrow_reader::{
 
 use crate::error::{Error, Result, one_line};
 
+mod recycle;
+
+pub use recycle::release_idle as release_idle_read_buffers;
+
 enum Format {
     /// Footer metadata, read once; `reader` is rebuilt by `prepare` with type hints.
     Parquet { reader: ArrowReaderMetadata },
@@ -422,7 +426,7 @@ fn read_at(
 ) -> std::result::Result<arrow::buffer::Buffer, arrow::error::ArrowError> {
     use std::os::fd::AsRawFd;
     let failed = |e: std::io::Error| arrow::error::ArrowError::IpcError(one_line(e));
-    let mut buffer = arrow::buffer::MutableBuffer::with_capacity(len);
+    let mut buffer = recycle::take(len);
     let mut done = 0;
     while done < len {
         let at = libc::off_t::try_from(offset + done as u64)
@@ -456,7 +460,7 @@ fn read_at(
     }
     // SAFETY: the loop wrote all `len` bytes, and `len` is within the capacity.
     unsafe { buffer.set_len(len) };
-    Ok(buffer.into())
+    Ok(recycle::freeze(buffer))
 }
 
 /// A path as the files it names: itself, or a folder's data files in name order.
