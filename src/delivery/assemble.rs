@@ -25,9 +25,7 @@ pub struct Assembler {
     placement: Placement,
     rank: usize,
     schema: SchemaRef,
-    /// No rows of the plan's output schema (whose padding rows are made when a step
-    /// needs them: most runs pad one step, and a whole step of zeros per rank and run was
-    /// a tenth of a served epoch's page faults).
+    /// No rows of the plan's output schema.
     empty: RecordBatch,
     state_version: u64,
     /// Rows of each epoch; `None` while unknown (a stream, until it ends).
@@ -157,11 +155,7 @@ impl Assembler {
             }
             let parts = self.pending.remove(&key).unwrap_or_default();
             let rows = self.cut(parts, real)?;
-            let padding = match b - real {
-                0 => self.empty.clone(),
-                n => padding_batch(self.empty.schema_ref(), n)?,
-            };
-            let data = with_padding(&self.schema, rows, &padding, b - real)?;
+            let data = with_padding(&self.schema, rows, b - real)?;
             out.push(RankBatch {
                 meta: StepMeta {
                     epoch: self.epoch,
