@@ -155,13 +155,29 @@ impl Client {
 
     /// The tickets of every rank of `pipeline` (epoch 0), in rank order.
     pub async fn tickets(&mut self, pipeline: &str) -> Result<Vec<Ticket>, ClientError> {
+        Ok(self
+            .endpoints(pipeline)
+            .await?
+            .into_iter()
+            .map(|(ticket, _)| ticket)
+            .collect())
+    }
+
+    /// Every rank's ticket (epoch 0) and, when another server serves the rank (a process
+    /// of the same cluster), that server's location (`grpc://HOST:PORT`), in rank order.
+    pub async fn endpoints(
+        &mut self,
+        pipeline: &str,
+    ) -> Result<Vec<(Ticket, Option<String>)>, ClientError> {
         let descriptor = FlightDescriptor::new_path(vec![pipeline.to_string()]);
         let info = self.inner.get_flight_info(descriptor).await?;
         info.endpoint
             .iter()
             .map(|e| {
                 let bytes = e.ticket.as_ref().map(|t| t.ticket.as_ref()).unwrap_or(&[]);
-                Ticket::parse(bytes).map_err(|e| ClientError::Protocol(e.to_string()))
+                let ticket =
+                    Ticket::parse(bytes).map_err(|e| ClientError::Protocol(e.to_string()))?;
+                Ok((ticket, e.location.first().map(|l| l.uri.clone())))
             })
             .collect()
     }

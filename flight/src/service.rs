@@ -149,6 +149,12 @@ pub trait Served: Send + Sync + 'static {
     /// What `DoAction("status")` reports for it.
     fn status(&self) -> serde_json::Value;
 
+    /// Where `rank` is served, as a Flight location (`grpc://HOST:PORT`), when another
+    /// server than this one serves it (a process of the same cluster); `None`: here.
+    fn location(&self, _rank: u32) -> Option<String> {
+        None
+    }
+
     /// Takes one pushed input batch (DoPut), from `origin` when its producer named itself.
     /// May block while the ranks' queues are full (backpressure on the producer).
     fn accept(&self, _batch: RecordBatch, _origin: Option<Origin>) -> Result<Accepted, ServeError> {
@@ -307,9 +313,12 @@ impl FlightServer {
                 world_size: p.world_size(),
                 start_step: 0,
             };
-            info = info.with_endpoint(
-                FlightEndpoint::new().with_ticket(arrow_flight::Ticket::new(ticket.to_bytes())),
-            );
+            let mut endpoint =
+                FlightEndpoint::new().with_ticket(arrow_flight::Ticket::new(ticket.to_bytes()));
+            if let Some(location) = p.location(rank) {
+                endpoint = endpoint.with_location(location);
+            }
+            info = info.with_endpoint(endpoint);
         }
         Ok(info)
     }

@@ -29,6 +29,10 @@ class Client:
         tls_root_certs: Union[None, bytes] = None,
     ):
         kw = {} if tls_root_certs is None else {"tls_root_certs": tls_root_certs}
+        self._uri, self._token, self._tls_root_certs = uri, token, tls_root_certs
+        # A cluster's other processes, by location, and each pipeline's rank locations.
+        self._peers = {}
+        self._locations = {}
         self._client = flight.FlightClient(uri, **kw)
         self._options = flight.FlightCallOptions()
         if token is not None:
@@ -50,6 +54,31 @@ class Client:
         except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
         return [json.loads(ep.ticket.ticket) for ep in info.endpoints]
+
+    def locations(self, pipeline: str) -> list:
+        """Where each rank of ``pipeline`` is served, in rank order: a ``grpc://`` uri
+        when a cluster's process serves it (each process serves its own ranks), ``None``
+        when this server does."""
+        try:
+            info = self._client.get_flight_info(
+                flight.FlightDescriptor.for_path(pipeline), self._options
+            )
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise HydrantError(str(e)) from e
+        return [_uri(ep.locations[0]) if ep.locations else None for ep in info.endpoints]
+
+    def _serving(self, pipeline: str, rank: int) -> "Client":
+        """The client of the server that serves ``rank`` of ``pipeline``: this one, or
+        (for a cluster) a client of the process that owns it, made once."""
+        if pipeline not in self._locations:
+            self._locations[pipeline] = self.locations(pipeline)
+        ranks = self._locations[pipeline]
+        location = ranks[rank] if 0 <= rank < len(ranks) else None
+        if location is None or location == self._uri:
+            return self
+        if location not in self._peers:
+            self._peers[location] = Client(location, self._token, self._tls_root_certs)
+        return self._peers[location]
 
     def schema(self, pipeline: str) -> pa.Schema:
         """The schema of the pipeline's batches."""
@@ -133,9 +162,12 @@ class Client:
         The iterator ends at the epoch's last step; a stream cut before it (a server that
         went away, a newer reader of the same rank) raises ``HydrantError`` saying where
         to resume. ``prepare`` and ``receive`` are hooks for staging (see ``RankReader``).
+        A rank that a process of a cluster serves is read from that process (the
+        location ``GetFlightInfo`` names), whichever process this client connected to.
         """
         ticket = self.ticket(pipeline, rank, world_size, epoch, start_step)
-        client, options = self._client, self._options
+        serving = self._serving(pipeline, rank)
+        client, options = serving._client, serving._options
         return RankReader(
             lambda: client.do_get(ticket, options),
             rank,
@@ -144,6 +176,12 @@ class Client:
             prepare=prepare,
             receive=receive,
         )
+
+
+def _uri(location) -> str:
+    """A Flight location's uri as text."""
+    uri = location.uri
+    return uri.decode() if isinstance(uri, bytes) else str(uri)
 
 
 def _push(client, options, pipeline, data, producer=None, first_seq=0):

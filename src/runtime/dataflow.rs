@@ -67,6 +67,38 @@ pub enum Output {
     /// Rank `r`'s batches go to `channels[r]` as they are (`None`: discarded), until the
     /// token is cancelled (then the run ends, whether or not anyone receives).
     Channels(Channels),
+    /// Each epoch's batches of rank `r` go to the queue `open(epoch, r)` hands r's owner
+    /// when the epoch's first batch of r comes (a served cluster's one dataflow feeds a
+    /// run per epoch). `None`, or a queue whose run is stopped, discards them: the
+    /// dataflow goes on, since the other processes share its fate.
+    Epochs(OpenQueue),
+}
+
+/// Hands out the queue of (epoch, rank) once (see [`Output::Epochs`]).
+pub type OpenQueue = Arc<dyn Fn(u64, usize) -> Option<RankQueue> + Send + Sync>;
+
+/// One rank's queue of one run, and the token that stops the run.
+pub struct RankQueue {
+    /// Where the rank's batches go.
+    pub tx: tokio::sync::mpsc::Sender<RankBatch>,
+    /// Cancelled when no one will read the queue again.
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+impl RankQueue {
+    /// Sends `rb`, waiting for room; `false` if the run is stopped or its reader gone.
+    fn send(&self, rb: RankBatch) -> bool {
+        // Dataflow workers are threads of their own, never a tokio worker: waiting here is
+        // the backpressure. The wait also ends when the run is stopped, so that a run
+        // whose readers are gone (or stuck on a dead connection) cannot block forever.
+        futures::executor::block_on(async {
+            tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => false,
+                sent = self.tx.send(rb) => sent.is_ok(),
+            }
+        })
+    }
 }
 
 /// Per-rank queues and the token that stops a run feeding them.
@@ -85,17 +117,11 @@ impl Channels {
         let Some(tx) = &self.senders[rank] else {
             return Ok(());
         };
-        // Dataflow workers are threads of their own, never a tokio worker: waiting here is
-        // the backpressure. The wait also ends when the run is stopped, so that a run
-        // whose readers are gone (or stuck on a dead connection) cannot block forever.
-        let sent = futures::executor::block_on(async {
-            tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => false,
-                sent = tx.send(rb) => sent.is_ok(),
-            }
-        });
-        if sent {
+        let queue = RankQueue {
+            tx: tx.clone(),
+            stop: self.stop.clone(),
+        };
+        if queue.send(rb) {
             Ok(())
         } else {
             Err(crate::loader::stopped_reading(rank))
@@ -253,6 +279,13 @@ enum WorkerSink {
     Batch(Box<dyn BatchSink>),
     Feeds(Vec<Option<LoaderFeed>>),
     Channels(Channels),
+    /// The queue each owned rank's batches go to now, with its epoch.
+    Epochs {
+        open: OpenQueue,
+        /// Steps per epoch: a rank's queue is let go after its last.
+        steps: u64,
+        queues: BTreeMap<usize, (u64, Option<RankQueue>)>,
+    },
 }
 
 impl WorkerSink {
@@ -265,6 +298,25 @@ impl WorkerSink {
                 None => Ok(()),
             },
             WorkerSink::Channels(c) => c.send(rb),
+            WorkerSink::Epochs {
+                open,
+                steps,
+                queues,
+            } => {
+                let (epoch, rank, step) = (rb.meta.epoch, rb.meta.rank, rb.meta.step);
+                if queues.get(&rank).is_none_or(|(at, _)| *at != epoch) {
+                    // The queue of the epoch before, if still held, ends here.
+                    queues.insert(rank, (epoch, open(epoch, rank)));
+                }
+                if let Some((_, queue)) = queues.get_mut(&rank) {
+                    let sent = queue.as_ref().is_some_and(|q| q.send(rb));
+                    // After the rank's last step its consumer sees the queue end.
+                    if !sent || step + 1 >= *steps {
+                        *queue = None;
+                    }
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -323,6 +375,11 @@ fn run_worker(
         },
         Output::Loaders(feeds) => Some(WorkerSink::Feeds(feeds.clone())),
         Output::Channels(c) => Some(WorkerSink::Channels(c.clone())),
+        Output::Epochs(open) => Some(WorkerSink::Epochs {
+            open: open.clone(),
+            steps: delivery.plan.steps(),
+            queues: BTreeMap::new(),
+        }),
     };
     let sink = Rc::new(RefCell::new(sink));
     let sink2 = sink.clone();

@@ -5,6 +5,8 @@
 mod cluster;
 mod dataflow;
 mod fate;
+mod gather;
 
 pub use cluster::{Cluster, JOIN_TIMEOUT};
-pub use dataflow::{Channels, Job, Output, Report, execute};
+pub use dataflow::{Channels, Job, OpenQueue, Output, RankQueue, Report, execute};
+pub use gather::gather;

@@ -23,11 +23,12 @@ use arrow::datatypes::SchemaRef;
 use hydrant_flight::{RankStream, ServeError, Served};
 use hydrant_operators::{FeaturePlan, FittedState, Transformer};
 
-use crate::delivery::{Delivery, StreamCutter, delivery_schema};
+use crate::delivery::{Delivery, Ownership, StreamCutter, delivery_schema};
 use crate::runtime::{self, Channels, Cluster, Job, Output};
 use crate::source::Inputs;
 use crate::spec::PipelineSpec;
 
+mod cluster;
 mod follow;
 mod fresh;
 mod push;
@@ -87,7 +88,11 @@ pub struct ServedPipeline {
     /// How errors name the input files (not by the server's paths).
     redact: run::Redact,
     /// Epochs that have had a shared run: later runs of them serve one rank each.
-    shared_epochs: Mutex<std::collections::BTreeSet<u64>>,
+    shared_epochs: Arc<Mutex<std::collections::BTreeSet<u64>>>,
+    /// The ranks served here: all of them, or a cluster process's own.
+    local: std::ops::Range<usize>,
+    /// When this process is one of a serving cluster's.
+    cluster: Option<cluster::Serving>,
     /// Rows the file runs have featurized, all runs together (a catch-up run adds only
     /// its rank's rows).
     featurized: Arc<std::sync::atomic::AtomicU64>,
@@ -116,7 +121,7 @@ impl ServedPipeline {
             0,
             first,
             None,
-            self.world(),
+            0..self.world(),
             None,
             self.replay_bytes,
             Arc::from([]),
@@ -234,6 +239,96 @@ impl ServedPipeline {
         Ok(self)
     }
 
+    /// Serves this process's ranks of `cluster` (process ⌊r·P/W⌋ owns rank r), whose
+    /// processes serve Flight at `locations` (by process, `grpc://HOST:PORT`): starts the
+    /// dataflow that spans every process and delivers all epochs, and tells each rank's
+    /// location in `GetFlightInfo`. Call it last: the runs it makes keep what the
+    /// pipeline was set to then. A trainer that asks this process for another's rank
+    /// is told where it is served.
+    pub fn on_cluster(mut self, cluster: Cluster, locations: Vec<String>) -> crate::Result<Self> {
+        let Some(inputs) = self.inputs.clone() else {
+            return Err(crate::Error::Usage(format!(
+                "pipeline `{}` takes pushed or followed input, which one process serves                  (give --processes 1)",
+                self.name
+            )));
+        };
+        if locations.len() != cluster.processes {
+            return Err(crate::Error::Usage(format!(
+                "{} locations for a cluster of {} processes",
+                locations.len(),
+                cluster.processes
+            )));
+        }
+        let ownership = Ownership {
+            world_size: self.world(),
+            processes: cluster.processes,
+            workers: cluster.workers,
+        };
+        self.local = ownership.ranks(cluster.process);
+        let d = &self.delivery;
+        let feed = Arc::new(cluster::Feed {
+            runs: Arc::downgrade(&self.runs),
+            shared_epochs: self.shared_epochs.clone(),
+            local: self.local.clone(),
+            steps: d.plan.steps(),
+            replay_bytes: self.replay_bytes,
+            redact: self.redact.clone(),
+            start: (d.start_epoch, d.start_step),
+            end: d.epochs,
+        });
+        let mut job = Job::new(
+            inputs,
+            self.plan.clone(),
+            Some(self.state.clone()),
+            Some(self.bound.clone()),
+            Delivery {
+                only: None,
+                ..self.delivery.clone()
+            },
+        );
+        let open = feed.clone();
+        job.output = Some(Output::Epochs(Arc::new(move |epoch, rank| {
+            open.open(epoch, rank)
+        })));
+        job.featurized = self.featurized.clone();
+        let (tell, failed) = tokio::sync::watch::channel(None);
+        let process = cluster.process;
+        std::thread::Builder::new()
+            .name("hydrant-cluster".into())
+            .spawn(move || {
+                if let Err(e) = runtime::execute(job, &cluster, || {}) {
+                    let why = match e {
+                        crate::Error::Dataflow(why) => why,
+                        other => other.to_string(),
+                    };
+                    let _ = tell.send(Some(why));
+                }
+            })
+            .map_err(|e| crate::Error::Usage(format!("cannot start the dataflow: {e}")))?;
+        self.cluster = Some(cluster::Serving {
+            process,
+            locations,
+            ownership,
+            feed,
+            failed,
+        });
+        Ok(self)
+    }
+
+    /// Resolves with why the cluster's dataflow failed (a peer process is lost, a worker
+    /// panicked), if this pipeline is served by a cluster; pending forever otherwise.
+    pub async fn cluster_failed(&self) -> String {
+        let Some(c) = &self.cluster else {
+            return std::future::pending().await;
+        };
+        let mut failed = c.failed.clone();
+        match failed.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            // The dataflow's thread is gone without a word: it ended (all epochs sent).
+            Err(_) => std::future::pending().await,
+        }
+    }
+
     /// Forgets a run once no stream has read it for `timeout` (default [`IDLE_TIMEOUT`]).
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
@@ -274,7 +369,9 @@ impl ServedPipeline {
         let redact = redaction(&inputs);
         Ok(ServedPipeline {
             redact,
-            shared_epochs: Mutex::default(),
+            shared_epochs: Arc::default(),
+            local: 0..delivery.plan.world_size(),
+            cluster: None,
             featurized: Default::default(),
             read_rows: 0,
             follow: None,
@@ -305,11 +402,12 @@ impl ServedPipeline {
         let placement = *delivery.plan.placement();
         let event_time = spec.event_time.clone();
         let cutter = StreamCutter::new(placement, &plan.output_schema(), state.version)?;
+        let world = delivery.plan.world_size();
         let (senders, run) = Run::new(
             0,
             0,
             None,
-            delivery.plan.world_size(),
+            0..delivery.plan.world_size(),
             None,
             REPLAY_BYTES,
             Arc::from([]),
@@ -352,7 +450,9 @@ impl ServedPipeline {
             workers: 1,
             runs: Arc::new(Mutex::new(vec![run])),
             redact: Arc::from([]),
-            shared_epochs: Mutex::default(),
+            shared_epochs: Arc::default(),
+            local: 0..world,
+            cluster: None,
             featurized: Default::default(),
         })
     }
@@ -378,7 +478,7 @@ impl ServedPipeline {
             epoch,
             start_step,
             only,
-            self.world(),
+            self.local.clone(),
             Some(steps),
             self.replay_bytes,
             self.redact.clone(),
@@ -558,6 +658,16 @@ impl Served for ServedPipeline {
 
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError> {
         let rank = rank as usize;
+        if let Some(c) = &self.cluster
+            && !self.local.contains(&rank)
+        {
+            return Err(ServeError::FailedPrecondition(format!(
+                "rank {rank} is served by process {} of the cluster, at {}; this is process                  {} (GetFlightInfo names each rank's location)",
+                c.ownership.process(rank),
+                c.location(rank),
+                c.process
+            )));
+        }
         let mut runs = lock(&self.runs);
         // One stream per (epoch, rank): a new reader ends the one before, on any run.
         for run in runs.iter().filter(|r| r.epoch == epoch) {
@@ -602,10 +712,19 @@ impl Served for ServedPipeline {
         if start_step >= self.delivery.plan.steps() {
             return Ok(Box::pin(futures::stream::empty()));
         }
+        // A cluster's dataflow has yet to reach this epoch: its shared run is made now.
+        if let Some(c) = &self.cluster
+            && shared.is_none()
+            && let Some(run) = c.feed.run(&mut runs, epoch)
+            && let Some(consumer) = self.consumer(&run, rank, start_step, true)
+        {
+            return Ok(consumer.into_stream());
+        }
         // The shared run is past this step (or over): the rank catches up on a run of its
-        // own. A second shared run of an epoch would wait on ranks that finished it.
+        // own. A second shared run of an epoch would wait on ranks that finished it (and a
+        // cluster's shared runs are its dataflow's).
         let first = lock(&self.shared_epochs).insert(epoch);
-        let only = (!first || shared.is_some()).then_some(rank);
+        let only = (!first || shared.is_some() || self.cluster.is_some()).then_some(rank);
         self.make_room(&mut runs)?;
         let run = self.start(epoch, start_step, only)?;
         runs.push(run.clone());
@@ -625,11 +744,18 @@ impl Served for ServedPipeline {
         Ok(c.into_stream())
     }
 
+    fn location(&self, rank: u32) -> Option<String> {
+        let c = self.cluster.as_ref()?;
+        Some(c.location(rank as usize).to_string())
+    }
+
     fn status(&self) -> serde_json::Value {
         let runs = lock(&self.runs).clone();
         serde_json::json!({
             "name": self.name,
             "world_size": self.world(),
+            "process": self.cluster.as_ref().map(|c| c.process),
+            "local_ranks": self.local.clone().collect::<Vec<_>>(),
             "epochs": self.delivery.epochs,
             // Unknown for pushed input until it ends.
             "steps_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.steps()),

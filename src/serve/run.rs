@@ -8,6 +8,7 @@
 //! nothing is lost or reordered.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -48,6 +49,9 @@ pub(super) struct Run {
     redact: Redact,
     /// Stops the dataflow feeding the queues (when the run is forgotten).
     pub stop: CancellationToken,
+    /// The queues' senders until a dataflow takes them, each rank's once (a served
+    /// cluster's run is made before its dataflow reaches its epoch).
+    feed: Mutex<Vec<Option<Sender<RankBatch>>>>,
 }
 
 /// Each input's path on the server and the name clients see instead, longest path first.
@@ -83,20 +87,21 @@ pub(super) struct Attached {
 }
 
 impl Run {
-    /// A run of `epoch` from `first_step` whose ranks' queues are fed by the returned
-    /// senders; with `only`, the other ranks get no queue (the dataflow discards them).
+    /// A run of `epoch` from `first_step` whose queues, one per rank of `ranks` (the
+    /// ranks served here), are fed by the returned senders; with `only`, the other ranks
+    /// get no queue (the dataflow discards them).
     pub fn new(
         epoch: u64,
         first_step: u64,
         only: Option<usize>,
-        world: usize,
+        ranks: Range<usize>,
         steps: Option<u64>,
         replay_bytes: usize,
         redact: Redact,
     ) -> (Vec<Option<Sender<RankBatch>>>, Arc<Run>) {
-        let (senders, queues) = (0..world)
+        let (senders, queues) = (0..ranks.end)
             .map(|r| {
-                if only.is_some_and(|o| o != r) {
+                if !ranks.contains(&r) || only.is_some_and(|o| o != r) {
                     return (None, None);
                 }
                 let (tx, rx) = channel(QUEUE);
@@ -104,7 +109,7 @@ impl Run {
             })
             .unzip();
         let now = Instant::now();
-        let slots = (0..world)
+        let slots = (0..ranks.end)
             .map(|_| {
                 Mutex::new(Slot {
                     generation: 0,
@@ -131,8 +136,21 @@ impl Run {
             replay_bytes,
             redact,
             stop: CancellationToken::new(),
+            feed: Mutex::default(),
         });
         (senders, run)
+    }
+
+    /// A run whose dataflow comes later and takes each rank's sender with
+    /// [`Run::take_sender`].
+    pub fn fed_later(self: Arc<Self>, senders: Vec<Option<Sender<RankBatch>>>) -> Arc<Self> {
+        *lock(&self.feed) = senders;
+        self
+    }
+
+    /// `rank`'s sender of a run made with [`Run::fed_later`], the first time only.
+    pub fn take_sender(&self, rank: usize) -> Option<Sender<RankBatch>> {
+        lock(&self.feed).get_mut(rank)?.take()
     }
 
     /// Why the run failed, if it did, naming inputs as the pipeline does, not by the
@@ -149,6 +167,7 @@ impl Run {
         self.queues.get(rank).is_some_and(Option::is_some)
     }
 
+    /// Rank `rank`'s slot; `rank` must be below the run's ranks' end.
     pub fn slot(&self, rank: usize) -> MutexGuard<'_, Slot> {
         lock(&self.slots[rank])
     }
@@ -243,12 +262,17 @@ impl Run {
             .all(|r| self.slot(r).exhausted)
     }
 
-    /// No stream has read any rank for `timeout`.
+    /// No stream has read any rank for `timeout`. A cluster's run that no trainer has
+    /// reached yet is not idle: its dataflow made it ahead of them (during an epoch
+    /// longer than the timeout, say), and it holds no more than its queues.
     pub fn idle_for(&self, timeout: Duration) -> bool {
-        self.slots.iter().all(|s| {
-            let s = lock(s);
-            !s.reading && s.idle_since.elapsed() >= timeout
-        })
+        let ahead =
+            !lock(&self.feed).is_empty() && self.slots.iter().all(|s| lock(s).generation == 0);
+        !ahead
+            && self.slots.iter().all(|s| {
+                let s = lock(s);
+                !s.reading && s.idle_since.elapsed() >= timeout
+            })
     }
 
     /// Ends every consumer and the dataflow (the run is being forgotten).

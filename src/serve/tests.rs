@@ -32,7 +32,15 @@ fn step(step: u64) -> RankBatch {
 
 /// A run of one rank in an epoch of `len` steps, and the sender of its queue.
 fn run(len: u64) -> (Sender<RankBatch>, Arc<Run>) {
-    let (senders, run) = Run::new(0, 0, None, 1, Some(len), super::REPLAY_BYTES, Arc::from([]));
+    let (senders, run) = Run::new(
+        0,
+        0,
+        None,
+        0..1,
+        Some(len),
+        super::REPLAY_BYTES,
+        Arc::from([]),
+    );
     (senders.into_iter().flatten().next().unwrap(), run)
 }
 

@@ -52,9 +52,9 @@ enum Command {
         out: PathBuf,
     },
     /// Featurize the input and deliver it to a sink; fits first unless --state is given.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Serve the pipeline over Arrow Flight: one stream per rank, fetched with DoGet.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Generate a Criteo-like dataset (once), then fit, featurize and train on it with the
     /// stages overlapped, against the same job done featurize-then-train.
     Demo {

@@ -20,9 +20,14 @@ pub(crate) struct ServeArgs {
     /// A fitted state from `hydrant fit`; without it, the server fits first.
     #[arg(long)]
     state: Option<PathBuf>,
-    /// Address to listen on (port 0: any free port; the chosen one is printed).
+    /// Address to listen on (port 0: any free port; the chosen one is printed). Each
+    /// process of a cluster listens on its own.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: String,
+    /// With --processes > 1: the HOST:PORT trainers reach this process at, which
+    /// GetFlightInfo names as the location of its ranks (default: the --listen address).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
     /// `user:password [roles]` lines (roles: a comma list of train, ingest, admin; all when
     /// left out); clients then authenticate (Basic, then a bearer token per login).
     #[arg(long)]
@@ -125,15 +130,28 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             spec.name
         )));
     }
-    let served = if spec.input == hydrant::InputKind::Flight || args.follow.is_some() {
+    // Bound before anything else, so that a cluster can tell its processes the port
+    // (port 0 included) and a taken port fails at once.
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
+    let pushed = spec.input == hydrant::InputKind::Flight || args.follow.is_some();
+    if pushed && args.common.processes > 1 {
+        return Err(Error::Usage(format!(
+            "pipeline `{}` takes pushed or followed input, which one process serves: give              --processes 1",
+            spec.name
+        )));
+    }
+    let mut on_cluster = None;
+    let served = if pushed {
         ingest_pipeline(args, spec.clone())?
     } else {
         let pipeline = prepare(&args.common, args.state.as_deref(), Some(&args.delivery))?;
         let cluster = pipeline.cluster().clone();
         let job = pipeline.into_job();
-        if cluster.processes > 1 {
-            return Err(Error::Usage("serve runs in one process".into()));
-        }
         let (inputs, plan, delivery) = (job.inputs.clone(), job.plan.clone(), job.delivery.clone());
         let state = match job.state.clone() {
             Some(s) => s,
@@ -144,6 +162,10 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                     .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?
             }
         };
+        if cluster.processes > 1 {
+            let me = location(args, local)?;
+            on_cluster = Some((cluster.clone(), runtime::gather(&cluster, me)?));
+        }
         hydrant::serve::ServedPipeline::new(
             &spec.name,
             inputs,
@@ -155,6 +177,10 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     }
     .with_replay_bytes(args.replay_mib << 20)
     .with_idle_timeout(Duration::from_secs(args.idle_timeout));
+    let served = match on_cluster {
+        Some((cluster, locations)) => served.on_cluster(cluster, locations)?,
+        None => served,
+    };
     let served = match (&args.follow, &args.state_dir) {
         (Some(folder), state_dir) => served.follow(folder, state_dir.as_deref())?,
         (None, Some(dir)) => served.with_state_dir(dir, args.spool_segment_mib << 20)?,
@@ -170,7 +196,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     };
     let served = Arc::new(served);
     let fit_s = started.elapsed().as_secs_f64();
-    let (world_size, epochs, steps, rows) = {
+    let (world_size, epochs, steps, rows, local_ranks) = {
         use hydrant_flight::Served;
         let s = served.status();
         (
@@ -178,6 +204,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             served.epochs(),
             s["steps_per_epoch"].clone(),
             s["rows_per_epoch"].clone(),
+            s["local_ranks"].clone(),
         )
     };
     hydrant_flight::quiet_decoder_panics();
@@ -201,14 +228,12 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         if let Some(m) = metrics_listen {
             hydrant::metrics::export(m)?;
         }
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
-        let local = listener
-            .local_addr()
+        let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
         let ready = json!({
             "listening": local.to_string(),
+            "process": args.common.process,
+            "local_ranks": local_ranks,
             "pipeline": spec.name,
             "world_size": world_size,
             "epochs": epochs,
@@ -221,6 +246,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         let _ = std::io::stdout().flush();
         // On SIGINT/SIGTERM stop accepting calls and let streams finish, but not forever:
         // a stream can wait on a rank no one reads.
+        let failed = served.clone();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(served.sweep_every());
             loop {
@@ -242,6 +268,8 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         tokio::select! {
             served = graceful => served
                 .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e)))),
+            // The cluster shares its fate: a lost peer ends every process, with one line.
+            why = failed.cluster_failed() => Err(Error::Dataflow(why)),
             _ = async {
                 stop.notified().await;
                 tokio::time::sleep(Duration::from_secs(5)).await;
@@ -251,6 +279,30 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             }
         }
     })
+}
+
+/// This process's Flight location as its cluster's peers tell trainers: `--advertise`,
+/// or the address it listens on, which must then be one a trainer can reach.
+fn location(args: &ServeArgs, local: std::net::SocketAddr) -> Result<String> {
+    if args.advertise.is_none() && local.ip().is_unspecified() {
+        return Err(Error::Usage(format!(
+            "--listen {local} names no host trainers can reach: give --advertise HOST:PORT"
+        )));
+    }
+    Ok(location_of(args, local))
+}
+
+/// `grpc://` (or `grpc+tls://`) and `--advertise`, or the address listened on.
+fn location_of(args: &ServeArgs, local: std::net::SocketAddr) -> String {
+    let scheme = if args.tls_cert.is_some() {
+        "grpc+tls"
+    } else {
+        "grpc"
+    };
+    match &args.advertise {
+        Some(a) => format!("{scheme}://{a}"),
+        None => format!("{scheme}://{local}"),
+    }
 }
 
 /// `90`, `90s`, `30m`, `24h` or `7d` as a duration of at least a second.

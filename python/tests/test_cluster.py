@@ -1,0 +1,117 @@
+"""`hydrant serve` as a cluster of two real processes on loopback, read by four
+concurrent pyarrow clients, each connected to the location its endpoint names, and by the
+hydrant client connected to one process only."""
+
+import json
+import subprocess
+import threading
+
+import pyarrow.flight as flight
+import pytest
+
+from hydrant_client import Client, HydrantError
+
+from conftest import BIN, PIPELINE, ROWS
+from test_client import real_ids
+
+WORLD = 4
+BATCH = 500
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def cluster(data, tmp_path):
+    """Two `hydrant serve` processes of one cluster; their ready lines, by process."""
+    path, state = data
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"127.0.0.1:{free_port()}\n" for _ in range(2)))
+    procs = [
+        subprocess.Popen(
+            [str(BIN), "serve", "--listen", "127.0.0.1:0", "--pipeline", str(PIPELINE),
+             "--input", str(path), "--state", str(state), "--ranks", str(WORLD),
+             "--batch-size", str(BATCH), "--workers", "1", "--processes", "2",
+             "--process", str(p), "--hostfile", str(hosts)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in range(2)
+    ]
+    ready = []
+    for p in procs:
+        line = p.stdout.readline()
+        if not line:
+            raise RuntimeError("hydrant serve did not start: " + p.stderr.read())
+        ready.append(json.loads(line))
+    yield ready
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def check_exactly_once(steps, ids):
+    n = -(-ROWS // (WORLD * BATCH))
+    assert steps == [list(range(n))] * WORLD
+    assert sorted(ids) == list(range(ROWS))
+
+
+def test_pyarrow_clients_read_each_rank_where_its_endpoint_says(cluster):
+    uris = ["grpc://" + r["listening"] for r in cluster]
+    assert [r["local_ranks"] for r in cluster] == [[0, 1], [2, 3]]
+    info = flight.connect(uris[1]).get_flight_info(flight.FlightDescriptor.for_path("criteo"))
+    endpoints = list(info.endpoints)
+    locations = [ep.locations[0].uri.decode() for ep in endpoints]
+    assert locations == [uris[0], uris[0], uris[1], uris[1]]
+    got = {}
+
+    def read(rank):
+        reader = flight.connect(locations[rank]).do_get(endpoints[rank].ticket)
+        steps, ids = [], []
+        for chunk in reader:
+            meta = json.loads(chunk.app_metadata.to_pybytes())
+            batch = chunk.data
+            assert batch.num_rows == BATCH
+            steps.append(meta["step"])
+            pad = batch.column("is_padding").to_pylist()
+            ids += [i for i, p in zip(batch.column("row_id").to_pylist(), pad) if not p]
+        got[rank] = (steps, ids)
+
+    threads = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(WORLD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(got) == list(range(WORLD))
+    check_exactly_once([got[r][0] for r in range(WORLD)], [i for r in got for i in got[r][1]])
+
+    # A rank asked of a process that does not own it: told where it is served.
+    with pytest.raises(Exception, match="served by process 1"):
+        list(flight.connect(uris[0]).do_get(endpoints[3].ticket))
+
+
+def test_the_hydrant_client_follows_each_rank_to_its_process(cluster):
+    client = Client("grpc://" + cluster[0]["listening"])
+    assert client.locations("criteo")[2] == "grpc://" + cluster[1]["listening"]
+    got = {}
+
+    def read(rank):
+        got[rank] = list(client.batches("criteo", rank, WORLD))
+
+    threads = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(WORLD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(got) == list(range(WORLD)), "every rank read to its end"
+    steps = [[b.step for b in got[r]] for r in range(WORLD)]
+    check_exactly_once(steps, [i for r in range(WORLD) for i in real_ids(got[r])])
+    assert all(b.last for b in (got[r][-1] for r in range(WORLD)))
+    with pytest.raises(HydrantError):
+        Client("grpc://" + cluster[0]["listening"]).batches("nope", 0, WORLD)

@@ -1,0 +1,104 @@
+//! Every process of a cluster tells the others one value: a serving cluster's processes
+//! learn each other's Flight locations this way, through the cluster itself, so no
+//! process needs to be told the others' addresses (they may bind port 0).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::vec::{Broadcast, Input};
+use timely::dataflow::operators::{Operator, Probe};
+use timely::dataflow::{InputHandle, ProbeHandle};
+
+use super::cluster::Cluster;
+use crate::error::{Error, Result};
+
+/// Longest a waiting worker sleeps between looks.
+const PARK: Duration = Duration::from_millis(1);
+
+/// Every process's `value`, by process: this process's is `value`, the others' are what
+/// they passed. One process returns `[value]` without starting anything.
+pub fn gather(cluster: &Cluster, value: String) -> Result<Vec<String>> {
+    if cluster.processes == 1 {
+        return Ok(vec![value]);
+    }
+    // One worker per process is enough to say one value.
+    let one = Cluster {
+        workers: 1,
+        ..cluster.clone()
+    };
+    let guards = one.execute(move |worker| {
+        let heard = Rc::new(RefCell::new(Vec::<(usize, String)>::new()));
+        let mut input = InputHandle::new();
+        let probe = ProbeHandle::new();
+        let h = heard.clone();
+        worker.dataflow::<u64, _, _>(|scope| {
+            scope
+                .input_from(&mut input)
+                .broadcast()
+                .probe_with(&probe)
+                .sink(Pipeline, "Gather", move |(input, _)| {
+                    input.for_each(|_, data| h.borrow_mut().extend(data.drain(..)))
+                });
+        });
+        input.send((worker.index(), value.clone()));
+        input.advance_to(1);
+        drop(input);
+        while !probe.done() {
+            worker.step_or_park(Some(PARK));
+        }
+        let mut heard = heard.take();
+        heard.sort();
+        heard.into_iter().map(|(_, v)| v).collect::<Vec<_>>()
+    })?;
+    let values = guards
+        .join()
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Dataflow("the cluster started no worker".into()))?
+        .map_err(Error::Dataflow)?;
+    if values.len() != cluster.processes {
+        return Err(Error::Dataflow(format!(
+            "heard {} of the cluster's {} processes",
+            values.len(),
+            cluster.processes
+        )));
+    }
+    Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_process_hears_every_value_in_process_order() {
+        let ports: Vec<String> = (0..3)
+            .map(|_| {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap().to_string()
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let hosts = dir.path().join("hosts");
+        std::fs::write(&hosts, ports.join("\n")).unwrap();
+        let threads: Vec<_> = (0..3)
+            .map(|p| {
+                let cluster = Cluster {
+                    workers: 2,
+                    processes: 3,
+                    process: p,
+                    hostfile: Some(hosts.clone()),
+                };
+                std::thread::spawn(move || gather(&cluster, format!("process {p}")))
+            })
+            .collect();
+        for t in threads {
+            let heard = t.join().unwrap().unwrap();
+            assert_eq!(heard, ["process 0", "process 1", "process 2"]);
+        }
+        let alone = gather(&Cluster::local(2), "me".into()).unwrap();
+        assert_eq!(alone, ["me"]);
+    }
+}

@@ -1,0 +1,333 @@
+//! `hydrant serve` as a cluster of real processes on loopback: each process serves the
+//! ranks it owns, GetFlightInfo on any process names every rank's location, trainers
+//! connected to those locations get every row exactly once with equal steps — the same
+//! batches one process serves — and a cluster that loses a process ends with one line
+//! and resumes exactly when restarted at a step.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use arrow::array::AsArray;
+use arrow::datatypes::UInt64Type;
+use hydrant_flight::{Client, StepBatch, Ticket};
+
+mod common;
+use common::*;
+
+const RANKS: u32 = 4;
+const BATCH: usize = 7;
+
+/// A cluster's `hydrant serve` processes, killed when dropped, with their ready lines.
+struct ServeCluster {
+    servers: Vec<Server>,
+    ready: Vec<serde_json::Value>,
+}
+
+/// Starts `processes` serve processes of one cluster (a fresh hostfile in `dir`), each
+/// listening on a port of its own, and waits for each one's ready line.
+fn serve_cluster(
+    dir: &Path,
+    io: &(PathBuf, PathBuf),
+    processes: usize,
+    extra: &[&str],
+) -> ServeCluster {
+    let hosts = dir.join(format!("hosts-{}.txt", free_port()));
+    let lines: String = (0..processes)
+        .map(|_| format!("127.0.0.1:{}\n", free_port()))
+        .collect();
+    std::fs::write(&hosts, lines).unwrap();
+    let toml = criteo_toml();
+    let mut servers: Vec<Server> = (0..processes)
+        .map(|p| {
+            let child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
+                .args(["serve", "--listen", "127.0.0.1:0", "--pipeline"])
+                .arg(&toml)
+                .arg("--input")
+                .arg(&io.0)
+                .arg("--state")
+                .arg(&io.1)
+                .args([
+                    "--ranks",
+                    &RANKS.to_string(),
+                    "--batch-size",
+                    &BATCH.to_string(),
+                ])
+                .args(["--workers", "1", "--processes", &processes.to_string()])
+                .args(["--process", &p.to_string()])
+                .arg("--hostfile")
+                .arg(&hosts)
+                .args(extra)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            Server(child)
+        })
+        .collect();
+    let ready = servers
+        .iter_mut()
+        .map(|s| {
+            let mut line = String::new();
+            BufReader::new(s.0.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            serde_json::from_str(&line).unwrap_or_else(|_| panic!("a ready line: {line:?}"))
+        })
+        .collect();
+    ServeCluster { servers, ready }
+}
+
+fn uri(ready: &serde_json::Value) -> String {
+    format!("http://{}", ready["listening"].as_str().unwrap())
+}
+
+fn real_ids(b: &StepBatch) -> Vec<u64> {
+    let ids = b.batch.column_by_name("row_id").unwrap();
+    let ids = ids.as_primitive::<UInt64Type>();
+    let pad = b.batch.column_by_name("is_padding").unwrap().as_boolean();
+    (0..ids.len())
+        .filter(|&i| !pad.value(i))
+        .map(|i| ids.value(i))
+        .collect()
+}
+
+/// Each step a rank read: (step, every row id with padding as `u64::MAX`).
+type Steps = Vec<(u64, Vec<u64>)>;
+
+/// Reads `ticket` at `location` from its start step, at most `limit` steps; checks that
+/// every batch has exactly B rows and that the epoch's last one says so.
+async fn read(location: String, ticket: Ticket, limit: usize) -> Steps {
+    let mut client = Client::connect(&location).await.unwrap();
+    let mut steps = client.steps(&ticket).await.unwrap();
+    let mut got = Steps::new();
+    while got.len() < limit {
+        let Some(b) = tokio::time::timeout(Duration::from_secs(60), steps.next_step())
+            .await
+            .expect("a step within 60 s")
+        else {
+            break;
+        };
+        let b = b.unwrap();
+        assert_eq!(
+            b.batch.num_rows(),
+            BATCH,
+            "rank {}: a step of B rows",
+            ticket.rank
+        );
+        let ids = b.batch.column_by_name("row_id").unwrap();
+        let mut all: Vec<u64> = ids.as_primitive::<UInt64Type>().values().to_vec();
+        let real = real_ids(&b);
+        let pad = b.batch.column_by_name("is_padding").unwrap().as_boolean();
+        for (i, id) in all.iter_mut().enumerate() {
+            if pad.value(i) {
+                *id = u64::MAX;
+            }
+        }
+        assert_eq!(all.iter().filter(|&&i| i != u64::MAX).count(), real.len());
+        got.push((b.meta.step, all));
+    }
+    got
+}
+
+fn ticket(rank: u32, epoch: u64, start_step: u64) -> Ticket {
+    Ticket {
+        pipeline: "criteo".into(),
+        epoch,
+        rank,
+        world_size: RANKS,
+        start_step,
+    }
+}
+
+/// Every rank of `epoch` from `start_step`, each read concurrently at its location.
+async fn read_epoch(
+    endpoints: &[(Ticket, Option<String>)],
+    epoch: u64,
+    start_step: u64,
+    limit: usize,
+) -> BTreeMap<u32, Steps> {
+    let tasks: Vec<_> = endpoints
+        .iter()
+        .map(|(t, location)| {
+            let location = location
+                .clone()
+                .expect("a cluster names every rank's location");
+            let t = ticket(t.rank, epoch, start_step);
+            tokio::spawn(async move { (t.rank, read(location, t, limit).await) })
+        })
+        .collect();
+    let mut out = BTreeMap::new();
+    for t in tasks {
+        let (rank, steps) = t.await.unwrap();
+        out.insert(rank, steps);
+    }
+    out
+}
+
+/// Asserts every rank read the same steps, in order, and every row of `0..rows` once.
+fn assert_exactly_once(ranks: &BTreeMap<u32, Steps>, rows: u64) {
+    let steps: Vec<Vec<u64>> = ranks
+        .values()
+        .map(|s| s.iter().map(|(step, _)| *step).collect())
+        .collect();
+    assert!(
+        steps.windows(2).all(|w| w[0] == w[1]),
+        "equal steps: {steps:?}"
+    );
+    let mut seen: Vec<u64> = ranks
+        .values()
+        .flat_map(|s| s.iter().flat_map(|(_, ids)| ids.iter().copied()))
+        .filter(|&id| id != u64::MAX)
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..rows).collect::<Vec<_>>(),
+        "every row exactly once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_process_serves_its_ranks_and_names_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = folder_with_state(dir.path(), &[400, 301, 302], 11);
+    let rows = 1_003;
+    let cluster = serve_cluster(dir.path(), &io, 2, &["--epochs", "2", "--shuffle"]);
+    assert_eq!(cluster.ready[0]["local_ranks"], serde_json::json!([0, 1]));
+    assert_eq!(cluster.ready[1]["local_ranks"], serde_json::json!([2, 3]));
+    let location = |p: usize| format!("grpc://{}", cluster.ready[p]["listening"].as_str().unwrap());
+
+    // GetFlightInfo on either process names the owner of each rank.
+    let mut endpoints = Vec::new();
+    for ready in &cluster.ready {
+        let mut client = Client::connect(&uri(ready)).await.unwrap();
+        endpoints = client.endpoints("criteo").await.unwrap();
+        let locations: Vec<Option<String>> = endpoints.iter().map(|(_, l)| l.clone()).collect();
+        let want = [0, 0, 1, 1].map(|p| Some(location(p)));
+        assert_eq!(locations, want);
+    }
+
+    // A rank asked of the process that does not own it: told where it is.
+    let mut client = Client::connect(&uri(&cluster.ready[0])).await.unwrap();
+    let err = match client.steps(&ticket(2, 0, 0)).await {
+        Ok(mut s) => s.next_step().await.expect("an error").unwrap_err(),
+        Err(e) => e,
+    };
+    let text = err.to_string();
+    assert!(text.contains("rank 2 is served by process 1"), "{text}");
+    assert!(text.contains(&location(1)), "{text}");
+
+    // Both epochs, each rank read at its location: every row once, equal steps.
+    let mut cluster_epochs = Vec::new();
+    for epoch in 0..2 {
+        let ranks = read_epoch(&endpoints, epoch, 0, usize::MAX).await;
+        assert_exactly_once(&ranks, rows);
+        cluster_epochs.push(ranks);
+    }
+    assert_ne!(cluster_epochs[0], cluster_epochs[1], "a shuffle per epoch");
+
+    // A trainer back at an old step of a finished epoch: its process makes its batches
+    // alone, the same as before.
+    let (t, location) = endpoints[3].clone();
+    let again = read(location.unwrap(), ticket(t.rank, 0, 5), usize::MAX).await;
+    assert_eq!(
+        again,
+        cluster_epochs[0][&3][5..],
+        "rank 3 from step 5, again"
+    );
+    drop(cluster);
+
+    // The same batches as one process serves.
+    let (one, one_uri) = serve_criteo(
+        &io.0,
+        &io.1,
+        &[
+            "--ranks",
+            "4",
+            "--batch-size",
+            "7",
+            "--epochs",
+            "2",
+            "--shuffle",
+        ],
+    );
+    let mut client = Client::connect(&one_uri).await.unwrap();
+    let alone: Vec<(Ticket, Option<String>)> = client
+        .endpoints("criteo")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(t, l)| {
+            assert_eq!(l, None, "one process names no other location");
+            (t, Some(one_uri.clone()))
+        })
+        .collect();
+    for (epoch, want) in cluster_epochs.iter().enumerate() {
+        let got = read_epoch(&alone, epoch as u64, 0, usize::MAX).await;
+        assert_eq!(
+            &got, want,
+            "epoch {epoch}: the cluster's batches are one process's"
+        );
+    }
+    drop(one);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_process_ends_the_cluster_and_a_restart_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    // Far more than the queues and stream windows hold: the epoch is mid-way at the kill.
+    let rows = 40_000;
+    let io = folder_with_state(dir.path(), &[rows], 5);
+    let mut cluster = serve_cluster(dir.path(), &io, 2, &[]);
+    let mut client = Client::connect(&uri(&cluster.ready[0])).await.unwrap();
+    let endpoints = client.endpoints("criteo").await.unwrap();
+    let resume_at = 20;
+    let before = read_epoch(&endpoints, 0, 0, resume_at as usize).await;
+    assert!(before.values().all(|s| s.len() == resume_at as usize));
+
+    // SIGKILL process 1: process 0 ends by itself, with one line naming it.
+    cluster.servers[1].0.kill().unwrap();
+    let killed = Instant::now();
+    let survivor = &mut cluster.servers[0].0;
+    let status = loop {
+        if let Some(status) = survivor.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "process 0 still runs after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(survivor.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let stderr = stderr.trim();
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("lost process 1"), "{stderr}");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("dataflow: dataflow"),
+        "{stderr}"
+    );
+    drop(cluster);
+
+    // Restarted at the step the trainers reached: the rest, exactly.
+    let cluster = serve_cluster(
+        dir.path(),
+        &io,
+        2,
+        &["--start-step", &resume_at.to_string()],
+    );
+    let mut client = Client::connect(&uri(&cluster.ready[1])).await.unwrap();
+    let endpoints = client.endpoints("criteo").await.unwrap();
+    let after = read_epoch(&endpoints, 0, resume_at, usize::MAX).await;
+    let mut whole = before;
+    for (rank, steps) in after {
+        assert_eq!(steps.first().map(|s| s.0), Some(resume_at));
+        whole.get_mut(&rank).unwrap().extend(steps);
+    }
+    assert_exactly_once(&whole, rows);
+}
