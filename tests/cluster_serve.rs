@@ -331,3 +331,53 @@ async fn a_lost_process_ends_the_cluster_and_a_restart_resumes_exactly() {
     }
     assert_exactly_once(&whole, rows);
 }
+
+#[test]
+fn processes_started_with_other_options_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = folder_with_state(dir.path(), &[300], 3);
+    let hosts = dir.path().join("hosts");
+    std::fs::write(
+        &hosts,
+        format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port()),
+    )
+    .unwrap();
+    let toml = criteo_toml();
+    let children: Vec<_> = ["7", "8"]
+        .iter()
+        .enumerate()
+        .map(|(p, batch)| {
+            Command::new(env!("CARGO_BIN_EXE_hydrant"))
+                .args(["serve", "--listen", "127.0.0.1:0", "--pipeline"])
+                .arg(&toml)
+                .arg("--input")
+                .arg(&io.0)
+                .arg("--state")
+                .arg(&io.1)
+                .args(["--ranks", "2", "--batch-size", batch, "--workers", "1"])
+                .args([
+                    "--processes",
+                    "2",
+                    "--process",
+                    &p.to_string(),
+                    "--hostfile",
+                ])
+                .arg(&hosts)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains("serves another plan"), "{stderr}");
+        assert!(
+            stderr.contains("batch_size: 8") && stderr.contains("batch_size: 7"),
+            "{stderr}"
+        );
+    }
+}
