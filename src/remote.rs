@@ -34,6 +34,8 @@ pub struct Remote {
     credentials: Option<(String, String)>,
     config: LoaderConfig,
     world_size: u32,
+    /// Where each rank is served when a process of a cluster other than `uri` serves it.
+    locations: Vec<Option<String>>,
 }
 
 impl Remote {
@@ -63,8 +65,10 @@ impl Remote {
             credentials,
             config: LoaderConfig::default(),
             world_size: 0,
+            locations: Vec::new(),
         };
-        remote.world_size = remote.look_up()?;
+        remote.locations = remote.look_up()?;
+        remote.world_size = remote.locations.len() as u32;
         Ok(remote)
     }
 
@@ -77,6 +81,15 @@ impl Remote {
     /// Ranks the pipeline is served to.
     pub fn world_size(&self) -> usize {
         self.world_size as usize
+    }
+
+    /// Where `rank` is served: the location its endpoint names (a process of a serving
+    /// cluster), or the uri connected to.
+    pub fn location(&self, rank: usize) -> &str {
+        match self.locations.get(rank) {
+            Some(Some(at)) => at,
+            _ => &self.uri,
+        }
     }
 
     /// Rank `rank`'s batches of epoch 0 from its first step.
@@ -127,8 +140,9 @@ impl Remote {
             .map_err(|e| Error::Dataflow(format!("cannot start a runtime: {e}")))
     }
 
-    async fn client(&self) -> Result<Client> {
-        let mut client = Client::connect(&self.uri).await.map_err(remote_error)?;
+    /// A client of the server at `uri`, authenticated if need be.
+    async fn client(&self, uri: &str) -> Result<Client> {
+        let mut client = Client::connect(uri).await.map_err(remote_error)?;
         if let Some((user, password)) = &self.credentials {
             client
                 .authenticate(user, password)
@@ -138,24 +152,26 @@ impl Remote {
         Ok(client)
     }
 
-    /// The pipeline's number of ranks, from its endpoints.
-    fn look_up(&self) -> Result<u32> {
+    /// Each rank's location (`None`: served at `uri`), from the pipeline's endpoints.
+    fn look_up(&self) -> Result<Vec<Option<String>>> {
         Self::runtime()?.block_on(async {
-            let tickets = self
-                .client()
+            let endpoints = self
+                .client(&self.uri)
                 .await?
-                .tickets(&self.pipeline)
+                .endpoints(&self.pipeline)
                 .await
                 .map_err(remote_error)?;
-            Ok(tickets.len() as u32)
+            Ok(endpoints.into_iter().map(|(_, at)| at).collect())
         })
     }
 
     /// Reads the stream into the loader's feed until it ends, fails or is cancelled.
     fn read(&self, ticket: &Ticket, cancel: &Notify, feed: &loader::LoaderFeed) -> Result<()> {
         let runtime = Self::runtime()?;
+        // A cluster's process serves its own ranks: read each where its endpoint says.
+        let at = self.location(ticket.rank as usize);
         let mut steps = runtime.block_on(async {
-            self.client()
+            self.client(at)
                 .await?
                 .steps(ticket)
                 .await

@@ -381,3 +381,43 @@ fn processes_started_with_other_options_are_refused() {
         );
     }
 }
+
+/// The embedded API's remote source, connected to one process, reads each rank where its
+/// endpoint says, through the loader actors.
+#[test]
+fn a_remote_source_reads_each_rank_at_its_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = folder_with_state(dir.path(), &[1_000], 7);
+    let cluster = serve_cluster(dir.path(), &io, 2, &[]);
+    let remote = hydrant::Pipeline::connect(&uri(&cluster.ready[1]), "criteo").unwrap();
+    assert_eq!(remote.world_size(), RANKS as usize);
+    let at = |p: usize| format!("grpc://{}", cluster.ready[p]["listening"].as_str().unwrap());
+    assert_eq!(remote.location(0), at(0));
+    assert_eq!(remote.location(3), at(1));
+    let ranks: Vec<_> = (0..RANKS as usize)
+        .map(|r| remote.rank(r).unwrap())
+        .collect();
+    let read: BTreeMap<u32, Steps> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|rank| {
+                s.spawn(move || {
+                    rank.batches()
+                        .map(|b| {
+                            let b = b.unwrap();
+                            let ids = b.row_ids.iter().zip(b.is_padding.iter());
+                            let ids = ids.map(|(&id, pad)| if pad { u64::MAX } else { id });
+                            (b.meta.step, ids.collect())
+                        })
+                        .collect::<Steps>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| (r as u32, h.join().unwrap()))
+            .collect()
+    });
+    assert_exactly_once(&read, 1_000);
+}
