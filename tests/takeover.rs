@@ -497,3 +497,88 @@ async fn trainers_resume_exactly_on_a_restarted_server() {
     }
     assert_exactly_once(&records, ROWS);
 }
+
+/// The server featurizes the first epoch's first steps before any trainer asks (and keeps
+/// them past the idle timeout while none has come); trainers that resume at a later step
+/// on a restarted server get a run from that step, with exactly the batches a reader from
+/// step 0 gets there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_steps_are_made_ahead_and_a_resume_still_gets_its_own_run() {
+    const ROWS: u64 = 30_000;
+    const RESUME: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[ROWS], 10);
+    let args = ["--ranks", "2", "--batch-size", "500", "--idle-timeout", "1"];
+    let (_server, uri) = serve_criteo(&data, &state, &args);
+    let pipeline = || async {
+        let status = Client::connect(&uri).await.unwrap().status().await.unwrap();
+        status["pipelines"][0].clone()
+    };
+    let deadline = std::time::Instant::now() + STALL;
+    while pipeline().await["rows_featurized"].as_u64().unwrap() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing featurized ahead"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let runs = pipeline().await["runs"].clone();
+    assert_eq!(
+        runs.as_array().unwrap().len(),
+        1,
+        "kept while no trainer came: {runs}"
+    );
+    assert_eq!(runs[0]["first_step"], 0);
+
+    // Both ranks read 3 steps from RESUME, then the rest.
+    let read_from = |start: u64, limit: usize| {
+        let tasks: Vec<_> = (0..2)
+            .map(|r| {
+                let uri = uri.clone();
+                tokio::spawn(async move {
+                    let mut record = Record::new();
+                    read(&uri, ticket(2, r, 0, start), limit, &mut record)
+                        .await
+                        .unwrap();
+                    record
+                })
+            })
+            .collect();
+        async move {
+            let mut got = Vec::new();
+            for t in tasks {
+                got.push(t.await.unwrap());
+            }
+            got
+        }
+    };
+    let mut got = read_from(RESUME, 3).await;
+    let runs = pipeline().await["runs"].clone();
+    assert_eq!(runs.as_array().unwrap().len(), 1, "{runs}");
+    assert_eq!(
+        runs[0]["first_step"], RESUME,
+        "the run made ahead gave way: {runs}"
+    );
+    for (r, rest) in read_from(RESUME + 3, usize::MAX)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        got[r].extend(rest);
+    }
+    // The same steps from a reader of the whole epoch on another server.
+    let (_other, other_uri) = serve_criteo(&data, &state, &args);
+    let whole: Vec<_> = (0..2)
+        .map(|r| tokio::spawn(trainer(other_uri.clone(), 2, r, 0)))
+        .collect();
+    for (r, t) in whole.into_iter().enumerate() {
+        let (record, errors) = t.await.unwrap();
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            got[r][..],
+            record[RESUME as usize..],
+            "rank {r} from step {RESUME}"
+        );
+    }
+}

@@ -315,6 +315,26 @@ impl ServedPipeline {
         Ok(self)
     }
 
+    /// Starts the shared run of the first epoch served (`--start-epoch/--start-step`) now,
+    /// so that its first steps are featurized while the trainers connect rather than after
+    /// their first DoGet. A trainer that asks for another step first (one resuming on a
+    /// restarted server) gets a run from that step instead.
+    pub fn warmed(self) -> crate::Result<Self> {
+        if self.inputs.is_none() || self.cluster.is_some() {
+            return Ok(self);
+        }
+        let (epoch, step) = (self.delivery.start_epoch, self.delivery.start_step);
+        if epoch >= self.delivery.epochs || step >= self.delivery.plan.steps() {
+            return Ok(self);
+        }
+        let run = self
+            .start(epoch, step, None)
+            .map_err(|e| crate::Error::Dataflow(e.to_string()))?;
+        lock(&self.shared_epochs).insert(epoch);
+        lock(&self.runs).push(run.ahead());
+        Ok(self)
+    }
+
     /// Resolves with why the cluster's dataflow failed (a peer process is lost, a worker
     /// panicked), if this pipeline is served by a cluster; pending forever otherwise.
     pub async fn cluster_failed(&self) -> String {
@@ -591,7 +611,7 @@ fn redaction(inputs: &Inputs) -> run::Redact {
 }
 
 /// Removes the runs `which` picks, ending their consumers.
-fn forget(runs: &mut Vec<Arc<Run>>, which: impl Fn(&Run) -> bool) {
+fn forget(runs: &mut Vec<Arc<Run>>, mut which: impl FnMut(&Run) -> bool) {
     runs.retain(|r| {
         let keep = !which(r);
         if !keep {
@@ -669,6 +689,18 @@ impl Served for ServedPipeline {
             )));
         }
         let mut runs = lock(&self.runs);
+        if self.cluster.is_none() {
+            // Trainers go forward: a run started ahead for an earlier epoch, which none of
+            // them read, will not be.
+            let mut shared_epochs = lock(&self.shared_epochs);
+            forget(&mut runs, |r| {
+                let stale = r.epoch < epoch && r.untouched();
+                if stale {
+                    shared_epochs.remove(&r.epoch);
+                }
+                stale
+            });
+        }
         // One stream per (epoch, rank): a new reader ends the one before, on any run.
         for run in runs.iter().filter(|r| r.epoch == epoch) {
             run.supersede_reader(rank);
@@ -678,7 +710,18 @@ impl Served for ServedPipeline {
                 .find(|r| r.epoch == epoch && r.only == only)
                 .cloned()
         };
-        let (shared, private) = (of_epoch(None), of_epoch(Some(rank)));
+        let (mut shared, private) = (of_epoch(None), of_epoch(Some(rank)));
+        // The run started ahead of the trainers, untouched yet, gives way to one from the
+        // step the first of them asks for, rather than featurize steps no one wants.
+        if let Some(s) = shared.clone()
+            && self.cluster.is_none()
+            && s.untouched()
+            && start_step != s.first_step
+        {
+            forget(&mut runs, |r| std::ptr::eq(r, &*s));
+            lock(&self.shared_epochs).remove(&epoch);
+            shared = None;
+        }
         if let Some(s) = &shared
             && let Some(c) = self.consumer(s, rank, start_step, true)
         {

@@ -52,6 +52,8 @@ pub(super) struct Run {
     /// The queues' senders until a dataflow takes them, each rank's once (a served
     /// cluster's run is made before its dataflow reaches its epoch).
     feed: Mutex<Vec<Option<Sender<RankBatch>>>>,
+    /// Made ahead of its trainers (at start, or by a cluster's dataflow).
+    ahead: AtomicBool,
 }
 
 /// Each input's path on the server and the name clients see instead, longest path first.
@@ -137,6 +139,7 @@ impl Run {
             redact,
             stop: CancellationToken::new(),
             feed: Mutex::default(),
+            ahead: AtomicBool::new(false),
         });
         (senders, run)
     }
@@ -145,7 +148,19 @@ impl Run {
     /// [`Run::take_sender`].
     pub fn fed_later(self: Arc<Self>, senders: Vec<Option<Sender<RankBatch>>>) -> Arc<Self> {
         *lock(&self.feed) = senders;
+        self.ahead()
+    }
+
+    /// Marks the run as made ahead of its trainers: until one attaches it is not idle
+    /// (see [`Run::untouched`]).
+    pub fn ahead(self: Arc<Self>) -> Arc<Self> {
+        self.ahead.store(true, Ordering::SeqCst);
         self
+    }
+
+    /// Made ahead of its trainers, and no stream has attached to it yet.
+    pub fn untouched(&self) -> bool {
+        self.ahead.load(Ordering::SeqCst) && self.slots.iter().all(|s| lock(s).generation == 0)
     }
 
     /// `rank`'s sender of a run made with [`Run::fed_later`], the first time only.
@@ -262,13 +277,12 @@ impl Run {
             .all(|r| self.slot(r).exhausted)
     }
 
-    /// No stream has read any rank for `timeout`. A cluster's run that no trainer has
-    /// reached yet is not idle: its dataflow made it ahead of them (during an epoch
-    /// longer than the timeout, say), and it holds no more than its queues.
+    /// No stream has read any rank for `timeout`. A run made ahead of its trainers that
+    /// none has reached yet is not idle (a cluster's next epoch during an epoch longer
+    /// than the timeout, or the first epoch before the trainers start): it holds no more
+    /// than its queues.
     pub fn idle_for(&self, timeout: Duration) -> bool {
-        let ahead =
-            !lock(&self.feed).is_empty() && self.slots.iter().all(|s| lock(s).generation == 0);
-        !ahead
+        !self.untouched()
             && self.slots.iter().all(|s| {
                 let s = lock(s);
                 !s.reading && s.idle_since.elapsed() >= timeout

@@ -179,7 +179,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     .with_idle_timeout(Duration::from_secs(args.idle_timeout));
     let served = match on_cluster {
         Some((cluster, locations)) => served.on_cluster(cluster, locations)?,
-        None => served,
+        None => served.warmed()?,
     };
     let served = match (&args.follow, &args.state_dir) {
         (Some(folder), state_dir) => served.follow(folder, state_dir.as_deref())?,
