@@ -145,3 +145,35 @@ def test_a_step_cut_short_is_an_error():
         list(steps([(rb, nxt)], 0, 0))
     with pytest.raises(HydrantError, match="inside step 0"):
         list(steps([(rb, meta)], 0, 0))
+
+
+def test_padding_masks_are_unpacked_exactly_and_writable():
+    from hydrant_client.batch import _bools
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 7, 8, 9, 64, 65, 1000):
+        column = pa.array(rng.random(n) < 0.3)
+        for offset in range(min(n, 11)):
+            for length in (0, 1, n - offset):
+                part = column.slice(offset, length)
+                mask = _bools(part)
+                assert mask.dtype == np.bool_ and mask.flags.writeable
+                assert mask.tolist() == part.to_pylist()
+
+
+def test_the_first_step_imports_no_pandas(serve):
+    """pyarrow's Boolean to_numpy imports pandas where it is installed (~0.4 s, all of it
+    a trainer's wait for its first step); the client reads the padding mask itself."""
+    import subprocess
+    import sys
+
+    s = serve("--ranks", "1", "--batch-size", "1000")
+    code = (
+        "import sys\n"
+        "from hydrant_client import Client\n"
+        f"next(iter(Client({s.uri!r}).batches('criteo', 0, 1)))\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
