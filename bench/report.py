@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HEADLINE = "hydrant hash"
-PEERS = ("polars", "spark native", "spark pandas_udf", "spark udf")
+PEERS = ("polars", "ray", "spark native", "spark pandas_udf", "spark udf")
 KERNELS = [  # (criterion id, NumPy id, label, target values/s or None)
     ("fill_null_log1p_standardize_clip/nulls/0.1", "chain/0.1",
      "fill_null→log1p→standardize→clip→f32, 10% nulls", 400e6),
@@ -48,14 +48,22 @@ def commit():
                           cwd=ROOT).stdout.strip()
 
 
+def installed(package):
+    """`package`'s version, or that it is not installed (a run of some sections only)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def machine():
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), platform.processor())
     mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
     rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout.strip()
     at = commit()
-    versions = ", ".join(f"{p} {importlib.metadata.version(p)}"
-                         for p in ("polars", "pyspark", "pyarrow", "numpy"))
+    versions = ", ".join(f"{p} {installed(p)}"
+                         for p in ("polars", "ray", "pyspark", "pyarrow", "numpy"))
     return (f"{os.cpu_count()} cores ({cpu}), {mem / 2**20:.0f} GiB memory, {platform.system()} "
             f"{platform.release()}; {rustc}; Python {platform.python_version()}, {versions}; "
             f"hydrant at {at}; {datetime.date.today()}")
@@ -110,6 +118,9 @@ def e2e_section(e2e, args, charts, targets):
         "--batch-size 4096 --sink null` (the null sink takes each rank's batches from its "
         "loader); `fitted state` adds `--state` from an earlier `hydrant fit`. Peers: "
         "`bench/peers/polars_criteo.py` (Polars, 4096-row NumPy batches), "
+        "`bench/peers/ray_criteo.py` (Ray Data: read_parquet, a pass of partial moments, "
+        "map_batches featurize, streaming_split(2, equal=True), each rank's "
+        "iter_batches(4096) in its own thread, as Ray Train feeds ranks), "
         "`bench/peers/spark_criteo.py MODE` (Spark local[2] writes 4 Parquet shards, which are "
         "read back as batches). Input: `bench/peers/gen_criteo.py ROWS`.",
         "",
@@ -138,6 +149,7 @@ def e2e_section(e2e, args, charts, targets):
                          f"{ratio(p, ours['peak_mb'])} | {'–' if m is None else f'{m:.0f}'} | "
                          f"{len(runs)} |")
         lines.append("")
+    lines += delivered_table(e2e, systems, sizes)
     lines += ["![total time and time to the first batch per system](bench/charts/e2e.png)", "",
               "![time and peak memory against input rows](bench/charts/scaling.png)", ""]
     e2e_charts(cell, systems, sizes, headline, charts)
@@ -170,6 +182,27 @@ def e2e_section(e2e, args, charts, targets):
             target(f"{name}: peak at {headline:,} rows < half of Polars'",
                    f"{at_head:.0f} MB vs {polars:.0f} MB ({at_head / polars:.0%})", at_head < polars / 2)
     return lines
+
+
+def delivered_table(e2e, systems, sizes):
+    """What each system that feeds ranks gave them: steps per rank and rows delivered (the
+    epoch guarantee is equal steps and every input row once)."""
+    lines = ["### What the ranks got", "",
+             "Steps per rank and real rows delivered, from the last run of each system that "
+             "feeds 2 ranks (hydrant's summary; Ray's per-rank counts).", "",
+             "| system | input rows | steps per rank | rows delivered | equal steps | every row |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for rows in sizes:
+        for name in systems:
+            runs = e2e.get(f"{name}|{rows}") or []
+            last = runs[-1] if runs else {}
+            steps = last.get("steps_per_rank")
+            if not steps:
+                continue
+            lines.append(f"| {name} | {rows:,} | {', '.join(map(str, steps))} | "
+                         f"{last['rows']:,} | {'yes' if len(set(steps)) == 1 else '**no**'} | "
+                         f"{'yes' if last['rows'] == rows else '**no**'} |")
+    return lines + [""]
 
 
 def e2e_charts(cell, systems, sizes, headline, charts):
