@@ -33,8 +33,8 @@ pub struct Remote {
     pipeline: String,
     credentials: Option<(String, String)>,
     config: LoaderConfig,
-    world_size: u32,
-    /// Where each rank is served when a process of a cluster other than `uri` serves it.
+    /// Where each rank is served when a process of a cluster other than `uri` serves it;
+    /// one entry per rank.
     locations: Vec<Option<String>>,
 }
 
@@ -64,11 +64,9 @@ impl Remote {
             pipeline: pipeline.to_string(),
             credentials,
             config: LoaderConfig::default(),
-            world_size: 0,
             locations: Vec::new(),
         };
         remote.locations = remote.look_up()?;
-        remote.world_size = remote.locations.len() as u32;
         Ok(remote)
     }
 
@@ -80,7 +78,7 @@ impl Remote {
 
     /// Ranks the pipeline is served to.
     pub fn world_size(&self) -> usize {
-        self.world_size as usize
+        self.locations.len()
     }
 
     /// Where `rank` is served: the location its endpoint names (a process of a serving
@@ -103,14 +101,15 @@ impl Remote {
         if rank >= self.world_size() {
             return Err(Error::Usage(format!(
                 "rank {rank} is not below the {} ranks `{}` is served to",
-                self.world_size, self.pipeline
+                self.world_size(),
+                self.pipeline
             )));
         }
         let ticket = Ticket {
             pipeline: self.pipeline.clone(),
             epoch,
             rank: rank as u32,
-            world_size: self.world_size,
+            world_size: self.world_size() as u32,
             start_step,
         };
         let errors = ErrorSlot::default();

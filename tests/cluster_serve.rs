@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use arrow::array::AsArray;
@@ -26,46 +25,39 @@ struct ServeCluster {
     ready: Vec<serde_json::Value>,
 }
 
-/// Starts `processes` serve processes of one cluster (a fresh hostfile in `dir`), each
-/// listening on a port of its own, and waits for each one's ready line.
+/// `hydrant serve` of the criteo pipeline over `io` on a free loopback port, with `extra`
+/// arguments (a cluster's processes add theirs).
+fn serve_args(io: &(PathBuf, PathBuf), extra: &[&str]) -> Vec<String> {
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let mut args = vec![
+        "serve".to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--pipeline".into(),
+        path(&criteo_toml()),
+        "--input".into(),
+        path(&io.0),
+        "--state".into(),
+        path(&io.1),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+/// Starts `processes` serve processes of one cluster (a fresh hostfile in `dir`), one
+/// worker each, each listening on a port of its own, and waits for each one's ready line.
 fn serve_cluster(
     dir: &Path,
     io: &(PathBuf, PathBuf),
     processes: usize,
     extra: &[&str],
 ) -> ServeCluster {
-    let hosts = dir.join(format!("hosts-{}.txt", free_port()));
-    let lines: String = (0..processes)
-        .map(|_| format!("127.0.0.1:{}\n", free_port()))
-        .collect();
-    std::fs::write(&hosts, lines).unwrap();
-    let toml = criteo_toml();
-    let mut servers: Vec<Server> = (0..processes)
-        .map(|p| {
-            let child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
-                .args(["serve", "--listen", "127.0.0.1:0", "--pipeline"])
-                .arg(&toml)
-                .arg("--input")
-                .arg(&io.0)
-                .arg("--state")
-                .arg(&io.1)
-                .args([
-                    "--ranks",
-                    &RANKS.to_string(),
-                    "--batch-size",
-                    &BATCH.to_string(),
-                ])
-                .args(["--workers", "1", "--processes", &processes.to_string()])
-                .args(["--process", &p.to_string()])
-                .arg("--hostfile")
-                .arg(&hosts)
-                .args(extra)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            Server(child)
-        })
+    let (ranks, batch) = (RANKS.to_string(), BATCH.to_string());
+    let mut args = serve_args(io, &["--ranks", &ranks, "--batch-size", &batch]);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let mut servers: Vec<Server> = spawn_cluster_with(dir, processes, 1, |_| args.clone())
+        .into_iter()
+        .map(Server)
         .collect();
     let ready = servers
         .iter_mut()
@@ -336,39 +328,10 @@ async fn a_lost_process_ends_the_cluster_and_a_restart_resumes_exactly() {
 fn processes_started_with_other_options_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let io = folder_with_state(dir.path(), &[300], 3);
-    let hosts = dir.path().join("hosts");
-    std::fs::write(
-        &hosts,
-        format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port()),
-    )
-    .unwrap();
-    let toml = criteo_toml();
-    let children: Vec<_> = ["7", "8"]
-        .iter()
-        .enumerate()
-        .map(|(p, batch)| {
-            Command::new(env!("CARGO_BIN_EXE_hydrant"))
-                .args(["serve", "--listen", "127.0.0.1:0", "--pipeline"])
-                .arg(&toml)
-                .arg("--input")
-                .arg(&io.0)
-                .arg("--state")
-                .arg(&io.1)
-                .args(["--ranks", "2", "--batch-size", batch, "--workers", "1"])
-                .args([
-                    "--processes",
-                    "2",
-                    "--process",
-                    &p.to_string(),
-                    "--hostfile",
-                ])
-                .arg(&hosts)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let children = spawn_cluster_with(dir.path(), 2, 1, |p| {
+        let batch = ["7", "8"][p];
+        serve_args(&io, &["--ranks", "2", "--batch-size", batch])
+    });
     for child in children {
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

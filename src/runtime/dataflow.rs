@@ -86,19 +86,27 @@ pub struct RankQueue {
 }
 
 impl RankQueue {
-    /// Sends `rb`, waiting for room; `false` if the run is stopped or its reader gone.
     fn send(&self, rb: RankBatch) -> bool {
-        // Dataflow workers are threads of their own, never a tokio worker: waiting here is
-        // the backpressure. The wait also ends when the run is stopped, so that a run
-        // whose readers are gone (or stuck on a dead connection) cannot block forever.
-        futures::executor::block_on(async {
-            tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => false,
-                sent = self.tx.send(rb) => sent.is_ok(),
-            }
-        })
+        send_unless_stopped(&self.tx, &self.stop, rb)
     }
+}
+
+/// Sends `rb` on `tx`, waiting for room; `false` if `stop` is cancelled or the reader gone.
+fn send_unless_stopped(
+    tx: &tokio::sync::mpsc::Sender<RankBatch>,
+    stop: &tokio_util::sync::CancellationToken,
+    rb: RankBatch,
+) -> bool {
+    // Dataflow workers are threads of their own, never a tokio worker: waiting here is the
+    // backpressure. The wait also ends when the run is stopped, so that a run whose
+    // readers are gone (or stuck on a dead connection) cannot block forever.
+    futures::executor::block_on(async {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => false,
+            sent = tx.send(rb) => sent.is_ok(),
+        }
+    })
 }
 
 /// Per-rank queues and the token that stops a run feeding them.
@@ -117,11 +125,7 @@ impl Channels {
         let Some(tx) = &self.senders[rank] else {
             return Ok(());
         };
-        let queue = RankQueue {
-            tx: tx.clone(),
-            stop: self.stop.clone(),
-        };
-        if queue.send(rb) {
+        if send_unless_stopped(tx, &self.stop, rb) {
             Ok(())
         } else {
             Err(crate::loader::stopped_reading(rank))

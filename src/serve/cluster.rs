@@ -21,10 +21,104 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::watch;
 
+use super::ServedPipeline;
 use super::run::{Redact, Run, lock};
 use super::stream::Runs;
-use crate::delivery::Ownership;
-use crate::runtime::RankQueue;
+use crate::delivery::{Delivery, Ownership};
+use crate::runtime::{self, Cluster, Job, Output, RankQueue};
+
+impl ServedPipeline {
+    /// Serves this process's ranks of `cluster` (process ⌊r·P/W⌋ owns rank r), whose
+    /// processes serve Flight at `locations` (by process, `grpc://HOST:PORT`): starts the
+    /// dataflow that spans every process and delivers all epochs, and tells each rank's
+    /// location in `GetFlightInfo`. Call it last: the runs it makes keep what the
+    /// pipeline was set to then. A trainer that asks this process for another's rank
+    /// is told where it is served.
+    pub fn on_cluster(mut self, cluster: Cluster, locations: Vec<String>) -> crate::Result<Self> {
+        let Some(inputs) = self.inputs.clone() else {
+            return Err(crate::Error::Usage(format!(
+                "pipeline `{}` takes pushed or followed input, which one process serves \
+                 (give --processes 1)",
+                self.name
+            )));
+        };
+        if locations.len() != cluster.processes {
+            return Err(crate::Error::Usage(format!(
+                "{} locations for a cluster of {} processes",
+                locations.len(),
+                cluster.processes
+            )));
+        }
+        let ownership = Ownership {
+            world_size: self.world(),
+            processes: cluster.processes,
+            workers: cluster.workers,
+        };
+        self.local = ownership.ranks(cluster.process);
+        let d = &self.delivery;
+        let feed = Arc::new(Feed {
+            runs: Arc::downgrade(&self.runs),
+            shared_epochs: self.shared_epochs.clone(),
+            local: self.local.clone(),
+            steps: d.plan.steps(),
+            replay_bytes: self.replay_bytes,
+            redact: self.redact.clone(),
+            start: (d.start_epoch, d.start_step),
+            end: d.epochs,
+        });
+        let mut job = Job::new(
+            inputs,
+            self.plan.clone(),
+            Some(self.state.clone()),
+            Some(self.bound.clone()),
+            Delivery {
+                only: None,
+                ..self.delivery.clone()
+            },
+        );
+        let open = feed.clone();
+        job.output = Some(Output::Epochs(Arc::new(move |epoch, rank| {
+            open.open(epoch, rank)
+        })));
+        job.featurized = self.featurized.clone();
+        let (tell, failed) = tokio::sync::watch::channel(None);
+        let process = cluster.process;
+        std::thread::Builder::new()
+            .name("hydrant-cluster".into())
+            .spawn(move || {
+                if let Err(e) = runtime::execute(job, &cluster, || {}) {
+                    let why = match e {
+                        crate::Error::Dataflow(why) => why,
+                        other => other.to_string(),
+                    };
+                    let _ = tell.send(Some(why));
+                }
+            })
+            .map_err(|e| crate::Error::Usage(format!("cannot start the dataflow: {e}")))?;
+        self.cluster = Some(Serving {
+            process,
+            locations,
+            ownership,
+            feed,
+            failed,
+        });
+        Ok(self)
+    }
+
+    /// Resolves with why the cluster's dataflow failed (a peer process is lost, a worker
+    /// panicked), if this pipeline is served by a cluster; pending forever otherwise.
+    pub async fn cluster_failed(&self) -> String {
+        let Some(c) = &self.cluster else {
+            return std::future::pending().await;
+        };
+        let mut failed = c.failed.clone();
+        match failed.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            // The dataflow's thread is gone without a word: it ended (all epochs sent).
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
 
 /// What a process of a serving cluster knows of it.
 pub(super) struct Serving {

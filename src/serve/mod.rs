@@ -23,7 +23,7 @@ use arrow::datatypes::SchemaRef;
 use hydrant_flight::{RankStream, ServeError, Served};
 use hydrant_operators::{FeaturePlan, FittedState, Transformer};
 
-use crate::delivery::{Delivery, Ownership, StreamCutter, delivery_schema};
+use crate::delivery::{Delivery, StreamCutter, delivery_schema};
 use crate::runtime::{self, Channels, Cluster, Job, Output};
 use crate::source::Inputs;
 use crate::spec::PipelineSpec;
@@ -239,82 +239,6 @@ impl ServedPipeline {
         Ok(self)
     }
 
-    /// Serves this process's ranks of `cluster` (process ⌊r·P/W⌋ owns rank r), whose
-    /// processes serve Flight at `locations` (by process, `grpc://HOST:PORT`): starts the
-    /// dataflow that spans every process and delivers all epochs, and tells each rank's
-    /// location in `GetFlightInfo`. Call it last: the runs it makes keep what the
-    /// pipeline was set to then. A trainer that asks this process for another's rank
-    /// is told where it is served.
-    pub fn on_cluster(mut self, cluster: Cluster, locations: Vec<String>) -> crate::Result<Self> {
-        let Some(inputs) = self.inputs.clone() else {
-            return Err(crate::Error::Usage(format!(
-                "pipeline `{}` takes pushed or followed input, which one process serves                  (give --processes 1)",
-                self.name
-            )));
-        };
-        if locations.len() != cluster.processes {
-            return Err(crate::Error::Usage(format!(
-                "{} locations for a cluster of {} processes",
-                locations.len(),
-                cluster.processes
-            )));
-        }
-        let ownership = Ownership {
-            world_size: self.world(),
-            processes: cluster.processes,
-            workers: cluster.workers,
-        };
-        self.local = ownership.ranks(cluster.process);
-        let d = &self.delivery;
-        let feed = Arc::new(cluster::Feed {
-            runs: Arc::downgrade(&self.runs),
-            shared_epochs: self.shared_epochs.clone(),
-            local: self.local.clone(),
-            steps: d.plan.steps(),
-            replay_bytes: self.replay_bytes,
-            redact: self.redact.clone(),
-            start: (d.start_epoch, d.start_step),
-            end: d.epochs,
-        });
-        let mut job = Job::new(
-            inputs,
-            self.plan.clone(),
-            Some(self.state.clone()),
-            Some(self.bound.clone()),
-            Delivery {
-                only: None,
-                ..self.delivery.clone()
-            },
-        );
-        let open = feed.clone();
-        job.output = Some(Output::Epochs(Arc::new(move |epoch, rank| {
-            open.open(epoch, rank)
-        })));
-        job.featurized = self.featurized.clone();
-        let (tell, failed) = tokio::sync::watch::channel(None);
-        let process = cluster.process;
-        std::thread::Builder::new()
-            .name("hydrant-cluster".into())
-            .spawn(move || {
-                if let Err(e) = runtime::execute(job, &cluster, || {}) {
-                    let why = match e {
-                        crate::Error::Dataflow(why) => why,
-                        other => other.to_string(),
-                    };
-                    let _ = tell.send(Some(why));
-                }
-            })
-            .map_err(|e| crate::Error::Usage(format!("cannot start the dataflow: {e}")))?;
-        self.cluster = Some(cluster::Serving {
-            process,
-            locations,
-            ownership,
-            feed,
-            failed,
-        });
-        Ok(self)
-    }
-
     /// Starts the shared run of the first epoch served (`--start-epoch/--start-step`) now,
     /// so that its first steps are featurized while the trainers connect rather than after
     /// their first DoGet. A trainer that asks for another step first (one resuming on a
@@ -333,20 +257,6 @@ impl ServedPipeline {
         lock(&self.shared_epochs).insert(epoch);
         lock(&self.runs).push(run.ahead());
         Ok(self)
-    }
-
-    /// Resolves with why the cluster's dataflow failed (a peer process is lost, a worker
-    /// panicked), if this pipeline is served by a cluster; pending forever otherwise.
-    pub async fn cluster_failed(&self) -> String {
-        let Some(c) = &self.cluster else {
-            return std::future::pending().await;
-        };
-        let mut failed = c.failed.clone();
-        match failed.wait_for(Option::is_some).await {
-            Ok(why) => why.clone().unwrap_or_default(),
-            // The dataflow's thread is gone without a word: it ended (all epochs sent).
-            Err(_) => std::future::pending().await,
-        }
     }
 
     /// Forgets a run once no stream has read it for `timeout` (default [`IDLE_TIMEOUT`]).
@@ -423,15 +333,7 @@ impl ServedPipeline {
         let event_time = spec.event_time.clone();
         let cutter = StreamCutter::new(placement, &plan.output_schema(), state.version)?;
         let world = delivery.plan.world_size();
-        let (senders, run) = Run::new(
-            0,
-            0,
-            None,
-            0..delivery.plan.world_size(),
-            None,
-            REPLAY_BYTES,
-            Arc::from([]),
-        );
+        let (senders, run) = Run::new(0, 0, None, 0..world, None, REPLAY_BYTES, Arc::from([]));
         Ok(ServedPipeline {
             // Smaller than a file pipeline's reads: a new file's first rows go out sooner.
             read_rows: spec.batch_rows.min(FOLLOW_READ_ROWS),
@@ -560,6 +462,23 @@ impl ServedPipeline {
         ))
     }
 
+    /// Forgets the runs `which` picks among those one process made ahead of its trainers
+    /// and none has touched, so that their epochs may have a shared run again; returns
+    /// whether it forgot any. (A cluster's are its dataflow's, fed once: they stay.)
+    fn give_up(&self, runs: &mut Vec<Arc<Run>>, which: impl Fn(&Run) -> bool) -> bool {
+        if self.cluster.is_some() {
+            return false;
+        }
+        let picked = |r: &Run| r.untouched() && which(r);
+        let epochs: Vec<u64> = runs.iter().filter(|r| picked(r)).map(|r| r.epoch).collect();
+        forget(runs, picked);
+        let mut shared_epochs = lock(&self.shared_epochs);
+        for epoch in &epochs {
+            shared_epochs.remove(epoch);
+        }
+        !epochs.is_empty()
+    }
+
     /// Forgets runs no one has read for the idle timeout; then, while there are too many,
     /// the unread ones, oldest first. Errs if every run is being read.
     fn make_room(&self, runs: &mut Vec<Arc<Run>>) -> Result<(), ServeError> {
@@ -611,7 +530,7 @@ fn redaction(inputs: &Inputs) -> run::Redact {
 }
 
 /// Removes the runs `which` picks, ending their consumers.
-fn forget(runs: &mut Vec<Arc<Run>>, mut which: impl FnMut(&Run) -> bool) {
+fn forget(runs: &mut Vec<Arc<Run>>, which: impl Fn(&Run) -> bool) {
     runs.retain(|r| {
         let keep = !which(r);
         if !keep {
@@ -682,25 +601,17 @@ impl Served for ServedPipeline {
             && !self.local.contains(&rank)
         {
             return Err(ServeError::FailedPrecondition(format!(
-                "rank {rank} is served by process {} of the cluster, at {}; this is process                  {} (GetFlightInfo names each rank's location)",
+                "rank {rank} is served by process {} of the cluster, at {}; this is process \
+                 {} (GetFlightInfo names each rank's location)",
                 c.ownership.process(rank),
                 c.location(rank),
                 c.process
             )));
         }
         let mut runs = lock(&self.runs);
-        if self.cluster.is_none() {
-            // Trainers go forward: a run started ahead for an earlier epoch, which none of
-            // them read, will not be.
-            let mut shared_epochs = lock(&self.shared_epochs);
-            forget(&mut runs, |r| {
-                let stale = r.epoch < epoch && r.untouched();
-                if stale {
-                    shared_epochs.remove(&r.epoch);
-                }
-                stale
-            });
-        }
+        // Trainers go forward: a run started ahead for an earlier epoch, which none of
+        // them read, will not be.
+        self.give_up(&mut runs, |r| r.epoch < epoch);
         // One stream per (epoch, rank): a new reader ends the one before, on any run.
         for run in runs.iter().filter(|r| r.epoch == epoch) {
             run.supersede_reader(rank);
@@ -713,13 +624,9 @@ impl Served for ServedPipeline {
         let (mut shared, private) = (of_epoch(None), of_epoch(Some(rank)));
         // The run started ahead of the trainers, untouched yet, gives way to one from the
         // step the first of them asks for, rather than featurize steps no one wants.
-        if let Some(s) = shared.clone()
-            && self.cluster.is_none()
-            && s.untouched()
-            && start_step != s.first_step
+        if shared.as_ref().is_some_and(|s| s.first_step != start_step)
+            && self.give_up(&mut runs, |r| r.epoch == epoch && r.only.is_none())
         {
-            forget(&mut runs, |r| std::ptr::eq(r, &*s));
-            lock(&self.shared_epochs).remove(&epoch);
             shared = None;
         }
         if let Some(s) = &shared

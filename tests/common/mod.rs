@@ -235,6 +235,18 @@ pub fn free_port() -> u16 {
 /// Starts `hydrant ARGS` as every process of a cluster of `processes` on loopback, each
 /// with `workers` threads (a fresh hostfile in `dir`).
 pub fn spawn_cluster(dir: &Path, processes: usize, workers: usize, args: &[&str]) -> Vec<Child> {
+    spawn_cluster_with(dir, processes, workers, |_| {
+        args.iter().map(|a| a.to_string()).collect()
+    })
+}
+
+/// [`spawn_cluster`] with each process's own arguments, `args(process)`.
+pub fn spawn_cluster_with(
+    dir: &Path,
+    processes: usize,
+    workers: usize,
+    args: impl Fn(usize) -> Vec<String>,
+) -> Vec<Child> {
     let hosts = dir.join(format!("hosts-{}.txt", free_port()));
     let lines: String = (0..processes)
         .map(|_| format!("127.0.0.1:{}\n", free_port()))
@@ -243,7 +255,7 @@ pub fn spawn_cluster(dir: &Path, processes: usize, workers: usize, args: &[&str]
     (0..processes)
         .map(|p| {
             Command::new(env!("CARGO_BIN_EXE_hydrant"))
-                .args(args)
+                .args(args(p))
                 .args(["--workers", &workers.to_string()])
                 .args(["--processes", &processes.to_string()])
                 .args(["--process", &p.to_string()])

@@ -141,7 +141,8 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     let pushed = spec.input == hydrant::InputKind::Flight || args.follow.is_some();
     if pushed && args.common.processes > 1 {
         return Err(Error::Usage(format!(
-            "pipeline `{}` takes pushed or followed input, which one process serves: give              --processes 1",
+            "pipeline `{}` takes pushed or followed input, which one process serves: give \
+             --processes 1",
             spec.name
         )));
     }
@@ -281,27 +282,21 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     })
 }
 
-/// This process's Flight location as its cluster's peers tell trainers: `--advertise`,
-/// or the address it listens on, which must then be one a trainer can reach.
+/// This process's Flight location as its cluster's peers tell trainers: `grpc://` (or
+/// `grpc+tls://`) and `--advertise`, or the address it listens on, which must then be one
+/// a trainer can reach.
 fn location(args: &ServeArgs, local: std::net::SocketAddr) -> Result<String> {
-    if args.advertise.is_none() && local.ip().is_unspecified() {
-        return Err(Error::Usage(format!(
-            "--listen {local} names no host trainers can reach: give --advertise HOST:PORT"
-        )));
-    }
-    Ok(location_of(args, local))
-}
-
-/// `grpc://` (or `grpc+tls://`) and `--advertise`, or the address listened on.
-fn location_of(args: &ServeArgs, local: std::net::SocketAddr) -> String {
     let scheme = if args.tls_cert.is_some() {
         "grpc+tls"
     } else {
         "grpc"
     };
     match &args.advertise {
-        Some(a) => format!("{scheme}://{a}"),
-        None => format!("{scheme}://{local}"),
+        Some(a) => Ok(format!("{scheme}://{a}")),
+        None if local.ip().is_unspecified() => Err(Error::Usage(format!(
+            "--listen {local} names no host trainers can reach: give --advertise HOST:PORT"
+        ))),
+        None => Ok(format!("{scheme}://{local}")),
     }
 }
 
