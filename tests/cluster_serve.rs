@@ -384,3 +384,79 @@ fn a_remote_source_reads_each_rank_at_its_process() {
     });
     assert_exactly_once(&read, 1_000);
 }
+
+/// Careless and hostile readers of a cluster: a garbage ticket, `status` while the ranks
+/// wait on readers that never came, and a second reader of a rank. Garbage is refused
+/// with INVALID_ARGUMENT, status answers, the older reader ends ABORTED, and the trainers
+/// still get every row exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_status_and_a_second_reader_on_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = 40_000;
+    let io = folder_with_state(dir.path(), &[rows], 6);
+    let cluster = serve_cluster(dir.path(), &io, 2, &[]);
+    let at = uri(&cluster.ready[1]);
+    let mut client = Client::connect(&at).await.unwrap();
+    let endpoints = client.endpoints("criteo").await.unwrap();
+
+    // Rank 2 alone reads 3 steps and holds its stream; ranks 0, 1 and 3 have no reader.
+    let mut stale = client.steps(&ticket(2, 0, 0)).await.unwrap();
+    let mut first = Steps::new();
+    for _ in 0..3 {
+        let b = stale.next_step().await.unwrap().unwrap();
+        first.push((b.meta.step, real_ids(&b)));
+    }
+
+    let channel = tonic::transport::Endpoint::from_shared(at.clone()).unwrap();
+    let mut raw = arrow_flight::FlightClient::new(channel.connect().await.unwrap());
+    let err = match raw.do_get(arrow_flight::Ticket::new("{not json")).await {
+        Ok(_) => panic!("a garbage ticket was taken"),
+        Err(e) => format!("{e:?}"),
+    };
+    assert!(err.contains("InvalidArgument"), "{err}");
+
+    let status = tokio::time::timeout(Duration::from_secs(5), client.status())
+        .await
+        .expect("status answers while the ranks wait")
+        .unwrap();
+    assert_eq!(status["pipelines"][0]["process"], 1);
+
+    // A second reader of rank 2 takes it over from step 3: the first ends ABORTED.
+    let second = tokio::spawn(read(
+        endpoints[2].1.clone().unwrap(),
+        ticket(2, 0, 3),
+        usize::MAX,
+    ));
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match stale.next_step().await {
+                Some(Ok(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the superseded stream ends");
+    let ended = format!("{ended:?}");
+    assert!(
+        ended.contains("superseded by a newer reader for rank 2"),
+        "{ended}"
+    );
+
+    let others: Vec<_> = [0u32, 1, 3]
+        .into_iter()
+        .map(|r| {
+            let location = endpoints[r as usize].1.clone().unwrap();
+            tokio::spawn(async move { (r, read(location, ticket(r, 0, 0), usize::MAX).await) })
+        })
+        .collect();
+    let mut ranks = BTreeMap::new();
+    for t in others {
+        let (r, steps) = t.await.unwrap();
+        ranks.insert(r, steps);
+    }
+    let mut rank2 = first;
+    rank2.extend(second.await.unwrap());
+    ranks.insert(2, rank2);
+    assert_exactly_once(&ranks, rows);
+}
