@@ -504,7 +504,9 @@ async fn trainers_resume_exactly_on_a_restarted_server() {
 /// step 0 gets there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_steps_are_made_ahead_and_a_resume_still_gets_its_own_run() {
-    const ROWS: u64 = 30_000;
+    // Far more per rank after the resume than a stream holds in flight (a 16 MiB window):
+    // with less, the run sent its last step before `status` looked, and was let go.
+    const ROWS: u64 = 300_000;
     const RESUME: u64 = 20;
     let dir = tempfile::tempdir().unwrap();
     let (data, state) = folder_with_state(dir.path(), &[ROWS], 10);
