@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::buffer::NullBuffer;
+use arrow::datatypes::Int32Type;
 use serde::{Deserialize, Serialize};
 
 use crate::bind::{bind_numeric, column, numeric_values};
@@ -31,6 +33,10 @@ struct Target {
     column: String,
     input: Input,
     partial: Partial,
+    /// What earlier units gave a statistic whose floating-point result depends on the
+    /// grouping (moments), by unit: merged in unit order, they finish the same on any
+    /// number of workers and processes. 24 bytes per unit and column.
+    units: Vec<(u64, Partial)>,
     /// Key counts for the last dictionary seen, folded into `partial` when the dictionary
     /// changes: a Parquet reader hands one dictionary to every batch of a row group, so
     /// each distinct value is hashed once per row group rather than once per batch.
@@ -46,7 +52,8 @@ pub struct Fitter {
 /// Statistics of one pass over part of the data; merge partials of all parts, then finish.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct FitPartial {
-    entries: BTreeMap<String, Partial>,
+    /// Each statistic's partials, by the unit they are of (all units: 0).
+    entries: BTreeMap<String, Vec<(u64, Partial)>>,
 }
 
 impl FeaturePlan {
@@ -102,6 +109,7 @@ impl FeaturePlan {
                     column: c.name.clone(),
                     input,
                     partial,
+                    units: Vec::new(),
                     pending: None,
                 });
             }
@@ -144,12 +152,28 @@ impl Fitter {
         Ok(())
     }
 
+    /// Ends unit `unit` (of the input's units, in their order): what a grouping-dependent
+    /// statistic saw since the last call is kept as that unit's.
+    pub fn end_unit(&mut self, unit: u64) {
+        for t in &mut self.targets {
+            if t.partial.depends_on_grouping() {
+                let fresh = t.partial.emptied();
+                t.units
+                    .push((unit, std::mem::replace(&mut t.partial, fresh)));
+            }
+        }
+    }
+
     /// The statistics gathered so far.
     pub fn into_partial(self) -> Result<FitPartial> {
         let mut entries = BTreeMap::new();
         for mut t in self.targets {
             flush(&mut t.pending, &mut t.partial)?;
-            entries.insert(t.key, t.partial);
+            let mut parts = t.units;
+            if parts.is_empty() || !t.partial.depends_on_grouping() {
+                parts.push((0, t.partial));
+            }
+            entries.insert(t.key, parts);
         }
         Ok(FitPartial { entries })
     }
@@ -180,15 +204,31 @@ fn count_strings(
     };
     let keys = dict.keys();
     let nulls = keys.logical_nulls();
-    let keys = keys_as_i64(keys)?;
-    for (i, &k) in keys.values().iter().enumerate() {
-        if nulls.as_ref().is_none_or(|n| n.is_valid(i))
-            && let Some(c) = usize::try_from(k).ok().and_then(|k| counts.get_mut(k))
-        {
-            *c += 1;
-        }
+    match keys.as_primitive_opt::<Int32Type>() {
+        // What the Parquet reader is asked for: counted in place.
+        Some(keys) => count_keys(keys.values(), nulls.as_ref(), counts),
+        None => count_keys(keys_as_i64(keys)?.values(), nulls.as_ref(), counts),
     }
     Ok(())
+}
+
+/// Adds one to `counts[k]` for the key `k` of every valid slot. Keys under null slots may
+/// hold anything, and a key out of range is skipped.
+#[inline]
+fn count_keys<K: Copy + TryInto<usize>>(
+    keys: &[K],
+    nulls: Option<&NullBuffer>,
+    counts: &mut [u64],
+) {
+    let mut bump = |k: K| {
+        if let Some(c) = k.try_into().ok().and_then(|k| counts.get_mut(k)) {
+            *c += 1;
+        }
+    };
+    match nulls.filter(|n| n.null_count() > 0) {
+        None => keys.iter().for_each(|&k| bump(k)),
+        Some(nulls) => nulls.valid_indices().for_each(|i| bump(keys[i])),
+    }
 }
 
 /// Adds the pending dictionary's counts to the statistic.
@@ -211,19 +251,31 @@ impl FitPartial {
     /// Folds in another part's statistics (of the same pass).
     pub fn merge(&mut self, other: FitPartial) {
         for (k, p) in other.entries {
-            match self.entries.get_mut(&k) {
-                Some(mine) => mine.merge(p),
-                None => {
-                    self.entries.insert(k, p);
-                }
-            }
+            self.entries.entry(k).or_default().extend(p);
         }
     }
 
-    /// Turns the statistics into parameters, added to `params`.
+    /// Deals the statistics into `parts` partials, statistic `k` (in key order) to part
+    /// `k mod parts`: fits of the same pass deal the same keys the same way.
+    pub fn split(self, parts: usize) -> Vec<FitPartial> {
+        let parts = parts.max(1);
+        let mut split = vec![FitPartial::default(); parts];
+        for (k, (key, partial)) in self.entries.into_iter().enumerate() {
+            split[k % parts].entries.insert(key, partial);
+        }
+        split
+    }
+
+    /// Turns the statistics into parameters, added to `params`: each statistic's partials
+    /// are merged in unit order (of the same unit, in the order they were merged in).
     pub fn finish(self, params: &mut BTreeMap<String, FittedParam>) {
-        for (k, p) in self.entries {
-            params.insert(k, p.finish());
+        for (k, mut parts) in self.entries {
+            parts.sort_by_key(|(unit, _)| *unit);
+            let mut parts = parts.into_iter().map(|(_, p)| p);
+            if let Some(mut whole) = parts.next() {
+                parts.for_each(|p| whole.merge(p));
+                params.insert(k, whole.finish());
+            }
         }
     }
 }

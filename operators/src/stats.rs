@@ -1,12 +1,12 @@
 //! Mergeable statistics: what fitting accumulates per column, so that workers can fit
 //! their share of the input and merge the results in any grouping.
 
-use std::collections::HashMap;
-
 use serde::{Deserialize, Serialize};
 use tdigest::TDigest;
 
+use crate::kernels::categorical::VocabIndex;
 use crate::state::FittedParam;
+use crate::vocabulary::Vocabulary;
 
 /// Count, mean and sum of squared deviations, merged with Chan et al.'s formula.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -104,11 +104,167 @@ pub enum Partial {
         /// Values seen fewer times are dropped.
         min_count: u64,
         /// Occurrences so far.
-        counts: HashMap<String, u64, foldhash::fast::FixedState>,
+        counts: Tally,
     },
 }
 
+/// Occurrences of string values, mergeable.
+///
+/// Values are interned in one buffer (a [`VocabIndex`]) and counted by index: a value seen
+/// for the first time is one append to the buffer, not an allocation, and a tally is two
+/// buffers and a table of indices to copy or send. A `HashMap<String, u64>` spent most of
+/// a vocabulary fit allocating, comparing and freeing its keys.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(try_from = "TallyData", into = "TallyData")]
+pub struct Tally {
+    index: VocabIndex,
+    counts: Vec<u64>,
+}
+
+/// A tally as it is sent: values in index order and their counts.
+#[derive(Serialize, Deserialize)]
+struct TallyData {
+    values: Vocabulary,
+    counts: Vec<u64>,
+}
+
+impl Tally {
+    /// Adds `count` occurrences of `value`.
+    #[inline]
+    pub fn add(&mut self, value: &str, count: u64) {
+        let i = self.index.intern(value);
+        match self.counts.get_mut(i) {
+            Some(c) => *c += count,
+            None => self.counts.push(count),
+        }
+    }
+
+    /// Folds another tally into this one.
+    pub fn merge(&mut self, other: Tally) {
+        if self.is_empty() {
+            *self = other;
+            return;
+        }
+        for (value, count) in other.iter() {
+            self.add(value, count);
+        }
+    }
+
+    /// The distinct values seen.
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether no value was seen.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// The values with their counts, in the order they were first seen.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, u64)> + '_ {
+        self.index.values().iter().zip(self.counts.iter().copied())
+    }
+
+    /// The values seen at least `min_count` times, most frequent first, ties by the
+    /// value's bytes ascending, at most `max_size` of them.
+    pub fn most_frequent(&self, max_size: Option<usize>, min_count: u64) -> Vocabulary {
+        let values = self.index.values();
+        let bytes = |i: u32| values.get(i as usize).unwrap_or_default().as_bytes();
+        // Sorted by a key that settles most comparisons without reaching into the buffer:
+        // the count, then the value's first 16 bytes (zero-padded, big-endian: where two
+        // prefixes differ, the values differ the same way), then the whole value.
+        let mut order: Vec<(u64, u128, u32)> = self
+            .counts
+            .iter()
+            .enumerate()
+            .filter(|&(_, &c)| c >= min_count)
+            .map(|(i, &c)| (c, prefix(bytes(i as u32)), i as u32))
+            .collect();
+        let cmp = |a: &(u64, u128, u32), b: &(u64, u128, u32)| {
+            (b.0.cmp(&a.0))
+                .then(a.1.cmp(&b.1))
+                .then_with(|| bytes(a.2).cmp(bytes(b.2)))
+        };
+        let keep = max_size.unwrap_or(usize::MAX);
+        if keep < order.len() {
+            order.select_nth_unstable_by(keep, cmp);
+            order.truncate(keep);
+        }
+        order.sort_unstable_by(cmp);
+        order
+            .into_iter()
+            .map(|(_, _, i)| values.get(i as usize).unwrap_or_default())
+            .collect()
+    }
+}
+
+/// The first 16 bytes of `bytes`, zero-padded, as a big-endian number.
+#[inline]
+fn prefix(bytes: &[u8]) -> u128 {
+    let mut p = [0u8; 16];
+    let n = bytes.len().min(16);
+    p[..n].copy_from_slice(&bytes[..n]);
+    u128::from_be_bytes(p)
+}
+
+impl TryFrom<TallyData> for Tally {
+    type Error = String;
+    fn try_from(data: TallyData) -> Result<Self, String> {
+        if data.values.len() != data.counts.len() {
+            return Err(format!(
+                "a tally of {} values has {} counts",
+                data.values.len(),
+                data.counts.len()
+            ));
+        }
+        let mut tally = Tally::default();
+        for (value, count) in data.values.iter().zip(data.counts) {
+            tally.add(value, count);
+        }
+        Ok(tally)
+    }
+}
+
+impl From<Tally> for TallyData {
+    fn from(tally: Tally) -> Self {
+        TallyData {
+            values: tally.index.values().clone(),
+            counts: tally.counts,
+        }
+    }
+}
+
 impl Partial {
+    /// Whether merging partials in another grouping gives another result, and the partial
+    /// is small enough to keep one per unit of input: floating-point moments. (Extremes
+    /// and counts are exact in any grouping; a quantile digest is an approximation whose
+    /// size is bounded only as one, so it is kept whole.)
+    pub fn depends_on_grouping(&self) -> bool {
+        matches!(self, Partial::Moments(_))
+    }
+
+    /// The same statistic with nothing seen.
+    pub fn emptied(&self) -> Partial {
+        match self {
+            Partial::Moments(_) => Partial::Moments(Moments::default()),
+            Partial::MinMax(_) => Partial::MinMax(None),
+            Partial::Quantiles { n, digest, .. } => Partial::Quantiles {
+                n: *n,
+                digest: TDigest::new_with_size(digest.max_size()),
+                pending: Vec::new(),
+            },
+            Partial::Counts {
+                max_size,
+                min_count,
+                ..
+            } => Partial::Counts {
+                max_size: *max_size,
+                min_count: *min_count,
+                counts: Tally::default(),
+            },
+        }
+    }
+
     /// Adds finite, present numeric values.
     #[inline]
     pub fn add_numbers(&mut self, values: &[f64]) {
@@ -134,12 +290,7 @@ impl Partial {
     /// Adds `count` occurrences of a string value.
     pub fn add_string(&mut self, value: &str, count: u64) {
         if let Partial::Counts { counts, .. } = self {
-            match counts.get_mut(value) {
-                Some(c) => *c += count,
-                None => {
-                    counts.insert(value.to_string(), count);
-                }
-            }
+            counts.add(value, count);
         }
     }
 
@@ -162,15 +313,22 @@ impl Partial {
                     ..
                 },
             ) => {
-                let mut all = std::mem::take(pending);
-                all.extend(p2);
-                let folded = digest.merge_unsorted(all);
-                *digest = TDigest::merge_digests(vec![folded, d2]);
+                // Values not folded yet stay unfolded until there are enough of them: a
+                // digest made from all of them at once does not depend on how they were
+                // grouped, so a small fit gives the same quantiles on any layout.
+                pending.extend(p2);
+                if !d2.is_empty() {
+                    *digest = match digest.is_empty() {
+                        true => d2,
+                        false => TDigest::merge_digests(vec![digest.clone(), d2]),
+                    };
+                }
+                if pending.len() >= PENDING {
+                    *digest = digest.merge_unsorted(std::mem::take(pending));
+                }
             }
             (Partial::Counts { counts, .. }, Partial::Counts { counts: c2, .. }) => {
-                for (k, v) in c2 {
-                    *counts.entry(k).or_default() += v;
-                }
+                counts.merge(c2)
             }
             (a, b) => panic!("merging different statistics: {a:?} and {b:?}"),
         }
@@ -204,21 +362,9 @@ impl Partial {
                 max_size,
                 min_count,
                 counts,
-            } => {
-                let mut entries: Vec<(String, u64)> = counts
-                    .into_iter()
-                    .filter(|(_, c)| *c >= min_count)
-                    .collect();
-                // Most frequent first; ties by the value's bytes, ascending.
-                entries.sort_unstable_by(|a, b| {
-                    b.1.cmp(&a.1)
-                        .then_with(|| a.0.as_bytes().cmp(b.0.as_bytes()))
-                });
-                entries.truncate(max_size.unwrap_or(usize::MAX));
-                FittedParam::Vocab {
-                    values: entries.into_iter().map(|(v, _)| v).collect(),
-                }
-            }
+            } => FittedParam::Vocab {
+                values: counts.most_frequent(max_size, min_count),
+            },
         }
     }
 }
@@ -265,7 +411,7 @@ mod tests {
             let mut p = Partial::Counts {
                 max_size,
                 min_count,
-                counts: HashMap::default(),
+                counts: Tally::default(),
             };
             let mut q = p.clone();
             for (i, s) in data.iter().enumerate() {
@@ -284,6 +430,74 @@ mod tests {
                 reference::vocab(&refs, max_size, min_count),
                 "{max_size:?} {min_count}"
             );
+        }
+    }
+
+    #[test]
+    fn a_tally_merges_and_travels_as_values_and_counts() {
+        let mut a = Tally::default();
+        for v in ["x", "y", "x", "", "é"] {
+            a.add(v, 1);
+        }
+        let mut b = Tally::default();
+        b.add("y", 5);
+        b.add("z", 2);
+        let mut merged = b.clone();
+        merged.merge(a.clone());
+        let pairs: Vec<_> = merged.iter().collect();
+        assert_eq!(pairs, [("y", 6), ("z", 2), ("x", 2), ("", 1), ("é", 1)]);
+        let mut empty = Tally::default();
+        empty.merge(a.clone());
+        assert_eq!(
+            empty.iter().collect::<Vec<_>>(),
+            a.iter().collect::<Vec<_>>()
+        );
+
+        let json = serde_json::to_string(&merged).unwrap();
+        assert_eq!(
+            json,
+            r#"{"values":["y","z","x","","é"],"counts":[6,2,2,1,1]}"#
+        );
+        let back: Tally = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.iter().collect::<Vec<_>>(), pairs);
+        // A repeated value from a peer is merged, not indexed twice.
+        let back: Tally = serde_json::from_str(r#"{"values":["a","a"],"counts":[1,2]}"#).unwrap();
+        assert_eq!(back.iter().collect::<Vec<_>>(), [("a", 3)]);
+        let err = serde_json::from_str::<Tally>(r#"{"values":["a"],"counts":[]}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("a tally of 1 values has 0 counts"),
+            "{err}"
+        );
+
+        let top: Vec<String> = merged
+            .most_frequent(Some(3), 2)
+            .iter()
+            .map(String::from)
+            .collect();
+        assert_eq!(top, ["y", "x", "z"]);
+    }
+
+    proptest::proptest! {
+        /// The most frequent values match the reference, for values that share long
+        /// prefixes, end in NUL bytes or are prefixes of each other.
+        #[test]
+        fn most_frequent_matches_the_reference(
+            picks in proptest::collection::vec(0usize..12, 0..200),
+            max_size in proptest::option::of(0usize..14),
+            min_count in 0u64..4,
+        ) {
+            const VALUES: [&str; 12] = [
+                "", "a", "a\0", "a\0\0", "b", "0123456789abcdef", "0123456789abcdefX",
+                "0123456789abcdefY", "0123456789abcdeX", "é", "0123456789abcdef\0", "\u{7f}",
+            ];
+            let data: Vec<Option<&str>> = picks.iter().map(|&i| Some(VALUES[i])).collect();
+            let mut tally = Tally::default();
+            for v in data.iter().flatten() {
+                tally.add(v, 1);
+            }
+            let got: Vec<String> =
+                tally.most_frequent(max_size, min_count).iter().map(String::from).collect();
+            proptest::prop_assert_eq!(got, reference::vocab(&data, max_size, min_count));
         }
     }
 

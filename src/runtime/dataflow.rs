@@ -24,13 +24,14 @@ use hydrant_operators::{
 };
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Pipeline;
-use timely::dataflow::operators::vec::{Broadcast, Input};
+use timely::dataflow::operators::vec::Input;
 use timely::dataflow::operators::{Exchange, Operator, Probe};
 use timely::dataflow::{InputHandle, ProbeHandle};
 use timely::worker::Worker;
 
 use super::cluster::Cluster;
 use super::fate::{self, Fate};
+use super::gather::all_to_all;
 use crate::delivery::{
     Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own, rank_rows,
 };
@@ -568,8 +569,9 @@ fn rows_of(
     })
 }
 
-/// Fits the plan: every worker reads its share, then all partial statistics are broadcast
-/// so that every worker merges the same partials in the same order into the same state.
+/// Fits the plan: every worker reads its share; each statistic's partials go to one worker,
+/// which merges them in worker order and finishes them; every worker gets every finished
+/// parameter, so all of them hold the same state.
 fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState> {
     let plan = &job.plan;
     let (index, peers) = (worker.index(), worker.peers());
@@ -582,7 +584,8 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
         let mut failed = None;
         let columns = fitter.columns();
         let running = hydrant_operators::running::enter("fit");
-        'units: for unit in job.inputs.units().iter().skip(index).step_by(peers) {
+        let units = job.inputs.units().iter().enumerate();
+        'units: for (u, unit) in units.skip(index).step_by(peers) {
             let batches = match job.inputs.read_columns(unit, Some(&columns)) {
                 Ok(b) => b,
                 Err(e) => {
@@ -599,47 +602,37 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
                     break 'units;
                 }
             }
+            fitter.end_unit(u as u64);
         }
         drop(running);
-        // Take part in the exchange even after a failure, so the other workers finish.
-        let gathered = Rc::new(RefCell::new(
-            Vec::<(usize, Result<FitPartial, String>)>::new(),
-        ));
-        let mut input = InputHandle::new();
-        let probe = ProbeHandle::new();
-        let g = gathered.clone();
-        worker.dataflow::<u64, _, _>(|scope| {
-            // Taken by value: a vocabulary's partial counts are large, and copying each
-            // out of the stream (as `inspect` would) was a fifth of the fit's time.
-            scope
-                .input_from(&mut input)
-                .broadcast()
-                .probe_with(&probe)
-                .sink(Pipeline, "GatherFit", move |(input, _)| {
-                    input.for_each(|_, data| g.borrow_mut().extend(data.drain(..)))
-                });
-        });
-        let mine = match &failed {
-            None => fitter.into_partial().map_err(|e| e.to_string()),
-            Some(e) => Err(e.to_string()),
+        // Take part in the exchanges even after a failure, so the other workers finish.
+        // Each statistic is merged and finished by one worker, which then tells every
+        // worker the parameters: the merging is shared, and a finished vocabulary is a
+        // shared buffer, where every worker merging every partial copied them all.
+        let sends = match (&failed, fitter.into_partial()) {
+            (None, Ok(mine)) => mine.split(peers).into_iter().map(Ok).collect(),
+            (Some(e), _) => vec![Err(e.to_string()); peers],
+            (None, Err(e)) => vec![Err(e.to_string()); peers],
         };
-        input.send((index, mine));
-        input.advance_to(1);
-        drop(input);
-        while gathered.borrow().len() < peers || !probe.done() {
-            worker.step_or_park(Some(PARK));
-        }
+        let finished = all_to_all(worker, sends)
+            .into_iter()
+            .try_fold(FitPartial::default(), |mut merged, part| {
+                merged.merge(part?);
+                Ok::<_, String>(merged)
+            })
+            .map(|merged| {
+                let mut mine = BTreeMap::new();
+                merged.finish(&mut mine);
+                mine
+            });
+        let every = all_to_all(worker, vec![finished; peers]);
         if let Some(e) = failed {
             return Err(e);
         }
-        let mut parts = gathered.take();
-        parts.sort_by_key(|(i, _)| *i);
-        let mut merged = FitPartial::default();
-        for (_, p) in parts {
+        for finished in every {
             // Every worker sees every failure, so all of them stop here together.
-            merged.merge(p.map_err(Error::Dataflow)?);
+            params.extend(finished.map_err(Error::Dataflow)?);
         }
-        merged.finish(&mut params);
     }
     Ok(FittedState::new(plan.pipeline(), params))
 }

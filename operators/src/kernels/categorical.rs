@@ -16,32 +16,105 @@ type FastHash = foldhash::fast::FixedState;
 
 /// A fitted vocabulary ready for lookups.
 ///
-/// The table holds only indices into the [`Vocabulary`]'s one buffer (hashbrown's
-/// `HashTable` is what lets a table of indices be searched by the bytes they point at):
-/// no allocation per value and no copy of them, so binding a state of hundreds of
-/// thousands of values is one pass of hashing.
-#[derive(Debug, Clone)]
+/// The table holds indices into the [`Vocabulary`]'s one buffer (hashbrown's `HashTable`
+/// is what lets a table of indices be searched by the bytes they point at): no allocation
+/// per value and no copy of the buffer, so binding a state of hundreds of thousands of
+/// values is one pass of hashing. A short value (most categorical values: Criteo's are 8
+/// hex digits) is also kept in its entry, so that a lookup compares against the entry it
+/// probes instead of reaching into the buffer: a third of the lookups' time went to
+/// those reads.
+#[derive(Debug, Clone, Default)]
 pub struct VocabIndex {
     values: Vocabulary,
-    table: hashbrown::HashTable<u32>,
+    table: hashbrown::HashTable<Slot>,
+}
+
+/// A table entry: a value's index and its [`Key`].
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: Key,
+    index: u32,
+}
+
+/// A value of at most 15 bytes, zero-padded, with its length in the last byte; or a
+/// longer value's first 15 bytes, with [`LONG`] in the last byte. As two little-endian
+/// words: bytes 0..8, then bytes 8..16.
+type Key = [u64; 2];
+
+/// The last byte of a [`Key`] whose value is longer than it holds.
+const LONG: u8 = u8::MAX;
+
+/// The key of `bytes`, built from overlapping word loads: copying a value into a
+/// zeroed buffer and reading it back as words stalled every lookup on store forwarding.
+#[inline]
+fn key_of(bytes: &[u8]) -> Key {
+    let n = bytes.len();
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default());
+    let half = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or_default());
+    let (lo, hi, last) = match n {
+        16.. => (word(0), word(7) >> 8, LONG),
+        9..=15 => (word(0), word(n - 8) >> (8 * (16 - n)), n as u8),
+        8 => (word(0), 0, 8),
+        4..=7 => {
+            let lo = half(0) as u64 | (half(n - 4) as u64) << (8 * (n - 4));
+            (lo, 0, n as u8)
+        }
+        _ => {
+            let lo = bytes.iter().rev().fold(0u64, |k, &b| k << 8 | b as u64);
+            (lo, 0, n as u8)
+        }
+    };
+    [lo, hi | (last as u64) << 56]
+}
+
+/// A key's 16 bytes.
+#[inline]
+fn key_bytes(key: &Key) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&key[0].to_le_bytes());
+    out[8..].copy_from_slice(&key[1].to_le_bytes());
+    out
+}
+
+/// The last byte of a key: a short value's length, or [`LONG`].
+#[inline]
+fn key_len(key: &Key) -> u8 {
+    (key[1] >> 56) as u8
 }
 
 impl VocabIndex {
     /// Indexes `values`, where position is the index (of a repeated value, the first).
     pub fn new(values: &Vocabulary) -> Self {
-        let values = values.clone(); // shares the buffer
-        let mut table = hashbrown::HashTable::with_capacity(values.len());
-        for (i, value) in values.iter().enumerate() {
-            let h = hash(value.as_bytes());
-            let bytes = value.as_bytes();
-            let seen = table
-                .find(h, |&j: &u32| value_bytes(&values, j) == bytes)
-                .is_some();
-            if !seen {
-                table.insert_unique(h, i as u32, |&j: &u32| hash(value_bytes(&values, j)));
+        let mut index = VocabIndex {
+            values: values.clone(), // shares the buffer
+            table: hashbrown::HashTable::with_capacity(values.len()),
+        };
+        for i in 0..values.len() {
+            let bytes = value_bytes(values, i as u32);
+            let h = hash(bytes);
+            if index.find(h, bytes).is_none() {
+                index.insert(h, bytes, i);
             }
         }
-        VocabIndex { values, table }
+        index
+    }
+
+    /// The index of `value`, appended (with the next index) if it is not there yet.
+    pub fn intern(&mut self, value: &str) -> usize {
+        let bytes = value.as_bytes();
+        let h = hash(bytes);
+        if let Some(i) = self.find(h, bytes) {
+            return i as usize;
+        }
+        let i = self.values.len();
+        self.values.push(value);
+        self.insert(h, bytes, i);
+        i
+    }
+
+    /// The values, in index order.
+    pub fn values(&self) -> &Vocabulary {
+        &self.values
     }
 
     /// The number of values: also the index of unseen and null values.
@@ -56,9 +129,29 @@ impl VocabIndex {
 
     #[inline]
     fn find(&self, hash: u64, bytes: &[u8]) -> Option<i64> {
+        let key = key_of(bytes);
         self.table
-            .find(hash, |&j| value_bytes(&self.values, j) == bytes)
-            .map(|&j| j as i64)
+            .find(hash, |s| {
+                s.key == key
+                    && (key_len(&key) != LONG || value_bytes(&self.values, s.index) == bytes)
+            })
+            .map(|s| s.index as i64)
+    }
+
+    /// Adds value `index` (whose bytes are `bytes`), known not to be in the table.
+    fn insert(&mut self, hash: u64, bytes: &[u8], index: usize) {
+        // More than 2^32 values would take hundreds of GiB before they got here.
+        let index = u32::try_from(index).expect("a vocabulary of more than 2^32 values");
+        let values = &self.values;
+        let slot = Slot {
+            key: key_of(bytes),
+            index,
+        };
+        self.table
+            .insert_unique(hash, slot, |s| match key_len(&s.key) {
+                LONG => self::hash(value_bytes(values, s.index)),
+                n => self::hash(&key_bytes(&s.key)[..n as usize]),
+            });
     }
 }
 
@@ -228,6 +321,36 @@ pub fn one_hot(index: &[i64], width: usize, stride: usize, offset: usize, out: &
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_key_holds_a_short_value_and_its_length_and_a_long_value_s_prefix() {
+        let data: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37) | (i & 1)).collect();
+        for n in 0..=40 {
+            for bytes in [&data[..n], &vec![0u8; n][..]] {
+                let mut want = [0u8; 16];
+                want[..n.min(15)].copy_from_slice(&bytes[..n.min(15)]);
+                want[15] = if n <= 15 { n as u8 } else { LONG };
+                assert_eq!(key_bytes(&key_of(bytes)), want, "length {n}");
+            }
+        }
+        let mut index = VocabIndex::default();
+        let values = [
+            "",
+            "\0",
+            "a",
+            "a\0",
+            "0123456789abcdef",
+            "0123456789abcdeX",
+            "0123456789abcdefg",
+        ];
+        for v in values {
+            index.intern(v);
+        }
+        for (i, v) in values.iter().enumerate() {
+            assert_eq!(index.intern(v), i, "{v:?}");
+        }
+        assert_eq!(index.len(), values.len());
+    }
+
     use super::*;
     use crate::reference;
     use arrow::array::{DictionaryArray, Int8Array, StringArray, StringViewArray};
