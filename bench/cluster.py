@@ -6,6 +6,7 @@ Needs root and `ip netns` (iproute2); without them the section says so and is sk
 """
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import tempfile
@@ -60,7 +61,7 @@ def run(hydrant, args, work, generate, measure):
         return {"skipped": "needs root, ip netns, taskset and 2 cores"}
     rows = args.cluster_rows
     path = generate(work, rows)
-    toml = str(hydrant.parents[2] / "examples" / "criteo_hash.toml")
+    toml = str(pathlib.Path(__file__).resolve().parents[1] / "examples" / "criteo_hash.toml")
     state = work / f"state-cluster-{rows}.json"
     measure([str(hydrant), "fit", "--pipeline", toml, "--input", str(path), "--out", str(state)])
     common = ["run", "--pipeline", toml, "--input", str(path), "--state", str(state),
