@@ -21,8 +21,9 @@ type FastHash = foldhash::fast::FixedState;
 /// per value and no copy of the buffer, so binding a state of hundreds of thousands of
 /// values is one pass of hashing. A short value (most categorical values: Criteo's are 8
 /// hex digits) is also kept in its entry, so that a lookup compares against the entry it
-/// probes instead of reaching into the buffer: a third of the lookups' time went to
-/// those reads.
+/// probes instead of reading the value's bounds and bytes from the buffer (two more
+/// places in memory per lookup; the featurize pass of 1M Criteo rows went from 0.33 to
+/// 0.32 s with it).
 #[derive(Debug, Clone, Default)]
 pub struct VocabIndex {
     values: Vocabulary,
