@@ -62,6 +62,7 @@ mod error;
 pub mod loader;
 pub mod metrics;
 mod pipeline;
+mod recycle;
 pub mod remote;
 pub mod runtime;
 pub mod serve;

@@ -6,8 +6,8 @@
 //! permutations either allocate a table, need a power-of-two domain, or do not promise a
 //! stable output across versions.
 
-/// Rounds of the network. Six rounds of a full-avalanche round function mix well beyond
-/// what a training shuffle needs (Luby–Rackoff needs four for a pseudorandom permutation).
+/// Rounds of the network: six, beyond the four Luby–Rackoff needs for a pseudorandom
+/// permutation, so that a cheap round function still mixes well.
 const ROUNDS: u64 = 6;
 
 /// A bijection on `0..n` chosen by `key`.
@@ -17,7 +17,8 @@ pub struct Permutation {
     /// Bits of each half.
     half: u32,
     mask: u64,
-    keys: [u64; ROUNDS as usize],
+    /// Each round's key: what the right half is XORed with, and an odd multiplier.
+    keys: [(u64, u64); ROUNDS as usize],
 }
 
 impl Permutation {
@@ -27,9 +28,10 @@ impl Permutation {
         // cycle-walking takes fewer than 4 tries on average (none for powers of four).
         let bits = (64 - n.saturating_sub(1).leading_zeros()).max(2);
         let half = bits.div_ceil(2);
-        let mut keys = [0; ROUNDS as usize];
+        let mut keys = [(0, 0); ROUNDS as usize];
         for (r, k) in keys.iter_mut().enumerate() {
-            *k = mix(key ^ mix(r as u64 + 1));
+            let round = mix(key ^ mix(r as u64 + 1));
+            *k = (round, mix(round) | 1);
         }
         Permutation {
             n,
@@ -64,9 +66,14 @@ impl Permutation {
 
     #[inline]
     fn network(&self, x: u64) -> u64 {
+        // The round function is a multiply-shift hash (the top `half` bits of a product
+        // with a random odd multiplier, which depend on every bit of the input): one
+        // multiply a round where a full 64-bit finalizer took two and made placing each
+        // row most of a shuffled reader's delivery cost.
+        let shift = 64 - self.half;
         let (mut left, mut right) = (x >> self.half, x & self.mask);
-        for k in self.keys {
-            let next = left ^ (mix(right ^ k) & self.mask);
+        for (add, mul) in self.keys {
+            let next = left ^ ((right ^ add).wrapping_mul(mul) >> shift);
             left = right;
             right = next;
         }
@@ -125,6 +132,33 @@ mod tests {
         );
     }
 
+    /// Over many keys, every input lands on every output about equally often (a
+    /// chi-square per cell near 1): the round function leaves no position favoured, with
+    /// cycle-walking (37) and without (64). Domains under about 16 values, where each half
+    /// has two bits, are measurably uneven (chi-square 2–4 per cell at 10, with this
+    /// round function or a full 64-bit one): only an epoch's last window can be that small.
+    #[test]
+    fn keys_spread_every_input_over_every_output() {
+        const PER_CELL: u64 = 2_000;
+        for n in [37u64, 64] {
+            let mut count = vec![0u64; (n * n) as usize];
+            for key in 0..PER_CELL * n {
+                let p = Permutation::new(n, mix(key));
+                for x in 0..n {
+                    count[(x * n + p.apply(x)) as usize] += 1;
+                }
+            }
+            let expected = PER_CELL as f64;
+            let chi: f64 = count
+                .iter()
+                .map(|&c| (c as f64 - expected).powi(2) / expected)
+                .sum::<f64>()
+                / count.len() as f64;
+            // About 1 ± 0.04 for a uniform spread over this many cells.
+            assert!(chi < 1.25, "n {n}: chi-square per cell {chi:.2}");
+        }
+    }
+
     #[test]
     fn a_fixed_key_gives_a_fixed_order() {
         // Pinned: a change here changes every user's shuffled epochs.
@@ -133,5 +167,5 @@ mod tests {
         assert_eq!(got, PINNED);
     }
 
-    const PINNED: [u64; 10] = [4, 5, 1, 7, 0, 3, 9, 2, 6, 8];
+    const PINNED: [u64; 10] = [3, 7, 1, 5, 8, 0, 9, 4, 6, 2];
 }
