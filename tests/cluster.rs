@@ -131,12 +131,13 @@ fn peak_memory_does_not_grow_with_the_input() {
     // the stream itself.
     let toml = criteo_toml().with_file_name("criteo_hash.toml");
     let mut peaks = Vec::new();
-    // Row groups hold 65,536 rows. The smaller input already gives each of the two workers
-    // three row groups, so its reader window fills and it measures the steady state (with
-    // one row group per worker, as CI once saw, the window never fills and the comparison
-    // is with a start-up figure).
-    for rows in [65_536u64 * 6, 65_536 * 24] {
-        let input = gen_criteo(dir.path(), rows, 1);
+    // Row groups of 16,384 rows: what a reader may hold ahead grows with the biggest unit
+    // times the readers, and the smaller input (24 row groups, 12 per worker) must reach
+    // that steady state for the comparison to mean anything. With 65,536-row groups it
+    // held six, and its peak ranged over 58–75 MiB from run to run against the larger
+    // input's 78–87 MiB, so the comparison failed about one run in eight.
+    for rows in [16_384u64 * 24, 16_384 * 96] {
+        let input = gen_criteo_in_row_groups(dir.path(), rows, 1, 16_384);
         let s = hydrant_ok(&[
             "run",
             "--pipeline",

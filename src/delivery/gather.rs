@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, PrimitiveArray, RecordBatch};
 use arrow::buffer::ScalarBuffer;
-use arrow::datatypes::ArrowNativeType;
 use arrow::compute::interleave;
+use arrow::datatypes::ArrowNativeType;
 use arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float32Type, Float64Type, Int32Type, Int64Type, SchemaRef,
     UInt32Type, UInt64Type,
@@ -77,8 +77,7 @@ fn primitive<T: ArrowPrimitiveType>(
         values.push(&a.values()[..]);
     }
     let out = copy_rows(&values, picks, 1);
-    let array = PrimitiveArray::<T>::new(out, None)
-        .with_data_type(arrays[0].data_type().clone());
+    let array = PrimitiveArray::<T>::new(out, None).with_data_type(arrays[0].data_type().clone());
     Some(Arc::new(array))
 }
 
@@ -145,10 +144,10 @@ fn copy_fixed<T: ArrowNativeType, const W: usize>(
     let rows: Vec<&[[T; W]]> = values.iter().map(|v| v.as_chunks::<W>().0).collect();
     let mut out = recycle::take(picks.len() * W * size_of::<T>());
     for (k, &(b, row)) in picks.iter().enumerate() {
-        if let Some(&(b, row)) = picks.get(k + AHEAD) {
-            if let Some(ahead) = rows.get(b).and_then(|r| r.get(row)) {
-                prefetch(ahead);
-            }
+        if let Some(&(b, row)) = picks.get(k + AHEAD)
+            && let Some(ahead) = rows.get(b).and_then(|r| r.get(row))
+        {
+            prefetch(ahead);
         }
         out.extend_from_slice(&rows[b][row]);
     }
@@ -171,7 +170,8 @@ fn prefetch<T>(value: &T) {
             unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset)) };
             offset += LINE;
         }
-        if size > 1 && (start as usize + size - 1) / LINE != (start as usize + offset - LINE) / LINE {
+        if size > 1 && (start as usize + size - 1) / LINE != (start as usize + offset - LINE) / LINE
+        {
             // SAFETY: as above; the value's last byte, on a line the loop did not reach.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(size - 1)) };
         }
@@ -189,7 +189,9 @@ mod tests {
 
     fn batch(first: u64, n: u64, nulls: bool) -> RecordBatch {
         let item = Arc::new(Field::new("item", DataType::Int64, false));
-        let ids: Vec<i64> = (first..first + n).flat_map(|r| [r as i64, -(r as i64), 7]).collect();
+        let ids: Vec<i64> = (first..first + n)
+            .flat_map(|r| [r as i64, -(r as i64), 7])
+            .collect();
         let tensor =
             FixedSizeListArray::try_new(item.clone(), 3, Arc::new(Int64Array::from(ids)), None)
                 .unwrap();
@@ -218,14 +220,17 @@ mod tests {
         for nulls in [false, true] {
             let sources = [batch(0, 40, nulls), batch(100, 30, nulls)];
             let refs: Vec<&RecordBatch> = sources.iter().collect();
-            let picks: Vec<(usize, usize)> = (0..50)
-                .map(|k| ((k * 7) % 2, (k * 13) % 30))
-                .collect();
+            let picks: Vec<(usize, usize)> =
+                (0..50).map(|k| ((k * 7) % 2, (k * 13) % 30)).collect();
             let got = gather(&sources[0].schema(), &refs, &picks).unwrap();
             for c in 0..3 {
                 let arrays: Vec<&dyn Array> = refs.iter().map(|b| b.column(c).as_ref()).collect();
                 let want = interleave(&arrays, &picks).unwrap();
-                assert_eq!(got.column(c).as_ref(), want.as_ref(), "column {c}, nulls {nulls}");
+                assert_eq!(
+                    got.column(c).as_ref(),
+                    want.as_ref(),
+                    "column {c}, nulls {nulls}"
+                );
             }
         }
     }

@@ -38,8 +38,23 @@ pub fn criteo_schema() -> Arc<Schema> {
     Arc::new(Schema::new(fields))
 }
 
-/// Writes `rows` Criteo-like rows to `out`; the same seed gives the same file.
+/// Writes `rows` Criteo-like rows to `out` in row groups of [`ROW_GROUP`] rows; the same
+/// seed gives the same file.
 pub fn criteo(rows: u64, out: &Path, seed: u64) -> Result<()> {
+    criteo_with_row_groups(rows, out, seed, ROW_GROUP)
+}
+
+/// [`criteo`] with row groups of at most `row_group_rows` rows (the rows are the same
+/// for a seed whatever the row groups).
+pub fn criteo_with_row_groups(
+    rows: u64,
+    out: &Path,
+    seed: u64,
+    row_group_rows: usize,
+) -> Result<()> {
+    if row_group_rows == 0 {
+        return Err(Error::Usage("row groups need at least one row".into()));
+    }
     let err = |e: &dyn std::fmt::Display| Error::Input {
         path: out.into(),
         reason: one_line(e),
@@ -48,7 +63,7 @@ pub fn criteo(rows: u64, out: &Path, seed: u64) -> Result<()> {
     let file = File::create(out).map_err(|e| err(&e))?;
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(ROW_GROUP))
+        .set_max_row_group_row_count(Some(row_group_rows))
         .build();
     let mut writer =
         ArrowWriter::try_new(file, schema.clone(), Some(props)).map_err(|e| err(&e))?;

@@ -4,5 +4,5 @@
 mod generate;
 mod train;
 
-pub use generate::criteo;
+pub use generate::{ROW_GROUP, criteo, criteo_with_row_groups};
 pub use train::{TrainConfig, TrainReport, train};

@@ -18,8 +18,8 @@ use parquet::arrow::arrow_reader::{
 
 use crate::error::{Error, Result, one_line};
 
-pub use crate::recycle::release_idle as release_idle_read_buffers;
 use crate::recycle;
+pub use crate::recycle::release_idle as release_idle_read_buffers;
 
 enum Format {
     /// Footer metadata, read once; `reader` is rebuilt by `prepare` with type hints.

@@ -51,7 +51,12 @@ pub fn hydrant_err(args: &[&str]) -> String {
 
 /// Generates a Criteo-like file of `rows` rows.
 pub fn gen_criteo(dir: &Path, rows: u64, seed: u64) -> PathBuf {
-    let path = dir.join(format!("criteo-{rows}-{seed}.parquet"));
+    gen_criteo_in_row_groups(dir, rows, seed, 65_536)
+}
+
+/// [`gen_criteo`] in row groups of `row_group_rows` rows.
+pub fn gen_criteo_in_row_groups(dir: &Path, rows: u64, seed: u64, row_group_rows: u64) -> PathBuf {
+    let path = dir.join(format!("criteo-{rows}-{seed}-{row_group_rows}.parquet"));
     let path_s = path.to_str().unwrap();
     hydrant_ok(&[
         "gen",
@@ -62,6 +67,8 @@ pub fn gen_criteo(dir: &Path, rows: u64, seed: u64) -> PathBuf {
         path_s,
         "--seed",
         &seed.to_string(),
+        "--row-group-rows",
+        &row_group_rows.to_string(),
     ]);
     path
 }

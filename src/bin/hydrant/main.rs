@@ -84,6 +84,10 @@ enum GenKind {
         /// Random seed; the same seed writes the same file.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Rows per row group (each row group is a unit of the epoch plan); the rows are
+        /// the same whatever this is.
+        #[arg(long, default_value_t = hydrant::demo::ROW_GROUP as u32, value_parser = clap::value_parser!(u32).range(1..))]
+        row_group_rows: u32,
     },
 }
 
@@ -236,10 +240,16 @@ fn main() -> ExitCode {
 fn dispatch(command: Command) -> Result<()> {
     match command {
         Command::Gen {
-            kind: GenKind::Criteo { rows, out, seed },
+            kind:
+                GenKind::Criteo {
+                    rows,
+                    out,
+                    seed,
+                    row_group_rows,
+                },
         } => {
             let t0 = Instant::now();
-            hydrant::demo::criteo(rows, &out, seed)?;
+            hydrant::demo::criteo_with_row_groups(rows, &out, seed, row_group_rows as usize)?;
             println!(
                 "{}",
                 json!({"rows": rows, "out": out, "seconds": round3(t0.elapsed().as_secs_f64())})
