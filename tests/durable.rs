@@ -298,7 +298,7 @@ async fn produce(uri: String, next: Arc<AtomicU64>, batches: u64, rows: usize) -
 }
 
 /// The continuous-training issue's crash test: a producer pushes while a trainer reads
-/// and commits every 100 steps, and the server is SIGKILLed at 6 random moments (during
+/// and commits every 100 steps, and the server is SIGKILLed at 10 random moments (during
 /// DoPut, mid-step, around commits and during the replay after a restart), each time
 /// restarted on the same state directory; the producer retries from its first
 /// unacknowledged batch and the trainer resumes at its last step + 1. Every step the
@@ -307,7 +307,7 @@ async fn produce(uri: String, next: Arc<AtomicU64>, batches: u64, rows: usize) -
 #[test]
 fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     const ROWS: usize = 2_000;
-    const BATCHES: u64 = 60; // 120,000 rows: 1,875 steps of 64
+    const BATCHES: u64 = 100; // 200,000 rows: 3,125 steps of 64
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     let with = |spool: &std::path::Path| serve_spooled(dir.path(), spool);
@@ -321,13 +321,13 @@ fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
         end_ingest(&uri).await;
         reader.await.unwrap()
     });
-    assert_eq!(reference.len(), 1875);
+    assert_eq!(reference.len(), 3125);
 
     let spool = dir.path().join("spool");
     let got: Arc<Mutex<BTreeMap<u64, RecordBatch>>> = Arc::default();
     let next = Arc::new(AtomicU64::new(0));
     let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-    for _ in 0..6 {
+    for _ in 0..10 {
         let (mut server, uri) = with(&spool);
         let resume = got.lock().unwrap().keys().last().map_or(0, |s| s + 1);
         rng ^= rng << 13;

@@ -1,8 +1,14 @@
 //! `hydrant serve --follow DIR` against the real server: files that appear in the folder
 //! stream to the trainers as one endless epoch, bad and temporary files are skipped, and a
-//! server SIGKILLed after a commit and restarted delivers the same steps from there.
+//! server SIGKILLed (after a commit, or at random while a writer adds files) and restarted
+//! delivers the same steps from there.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::RecordBatch;
 
 mod common;
 use common::{Server, folder_with_state, serve};
@@ -252,5 +258,160 @@ fn an_ended_followed_input_stays_ended_after_a_restart() {
     assert_eq!(again.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3]);
     for (g, w) in again.iter().flatten().zip(first.iter().flatten()) {
         assert_eq!((g.meta.step, &g.batch), (w.meta.step, &w.batch));
+    }
+}
+
+/// A rank's trainer in the kill -9 test: reads `rank` from `start`, keeps each step in
+/// `got` (a step got twice must be the same), rank 0 commits every 5 steps, until the
+/// stream ends (`true`) or breaks.
+async fn train(
+    uri: String,
+    rank: usize,
+    start: u64,
+    got: Arc<Mutex<BTreeMap<u64, RecordBatch>>>,
+) -> bool {
+    let Ok(mut client) = hydrant_flight::Client::connect(&uri).await else {
+        return false;
+    };
+    let ticket = hydrant_flight::Ticket {
+        pipeline: "criteo".into(),
+        epoch: 0,
+        rank: rank as u32,
+        world_size: RANKS as u32,
+        start_step: start,
+    };
+    let Ok(mut steps) = client.steps(&ticket).await else {
+        return false;
+    };
+    let mut committer = hydrant_flight::Client::connect(&uri).await.ok();
+    loop {
+        match steps.next_step().await {
+            None => return true,
+            Some(Err(_)) => return false,
+            Some(Ok(step)) => {
+                let s = step.meta.step;
+                if let Some(before) = got.lock().unwrap().insert(s, step.batch.clone()) {
+                    assert_eq!(
+                        before, step.batch,
+                        "rank {rank} step {s} differs when sent again"
+                    );
+                }
+                if rank == 0
+                    && (s + 1) % 5 == 0
+                    && let Some(c) = &mut committer
+                {
+                    let _ = c.commit("criteo", s + 1).await;
+                }
+            }
+        }
+    }
+}
+
+/// The continuous-training issue's crash test for followed folders: a writer publishes
+/// 16 files, one every 150 ms, whether or not the server is up, while two trainers read;
+/// the server is SIGKILLed 10 times at random moments (while it admits a file, mid-step,
+/// while trainers wait for rows, around commits) and each time restarted on the same
+/// state directory, the trainers resuming at their last step + 1. Every step each rank
+/// got is bit for bit the step of a server that was never killed, and it got every one:
+/// each published row delivered exactly once, checked by content.
+#[test]
+fn kill_9_while_a_writer_adds_files_loses_and_duplicates_nothing() {
+    const FILES: usize = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[1_500; FILES], 60);
+    let part = |i: usize| source.join(format!("part-{i}.parquet"));
+    let name = |i: usize| format!("p{i:02}.parquet");
+    let rt = common::pushed::runtime();
+
+    let (reference_folder, reference_state) =
+        (dir.path().join("ref"), dir.path().join("ref-state"));
+    std::fs::create_dir_all(&reference_folder).unwrap();
+    let reference = rt.block_on(async {
+        let (_server, uri) = serve_following(&reference_folder, &state, &reference_state);
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 0, usize::MAX).await }
+        });
+        for i in 0..FILES {
+            publish(&part(i), &reference_folder, &name(i));
+        }
+        admitted(&uri, FILES as u64).await;
+        end(&uri).await;
+        reader.await.unwrap()
+    });
+    // 24,000 rows in steps of 2 x 500: 24 steps per rank, every row once.
+    assert_eq!(reference.iter().map(Vec::len).collect::<Vec<_>>(), [24, 24]);
+    let mut ids: Vec<u64> = (reference.iter().flatten())
+        .flat_map(|s| common::real_row_ids(&s.batch))
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..24_000).collect::<Vec<_>>());
+
+    let (folder, state_dir) = (dir.path().join("followed"), dir.path().join("state-dir"));
+    std::fs::create_dir_all(&folder).unwrap();
+    let published = Arc::new(AtomicUsize::new(0));
+    let writer = std::thread::spawn({
+        let (folder, published) = (folder.clone(), published.clone());
+        let parts: Vec<_> = (0..FILES).map(part).collect();
+        move || {
+            for (i, p) in parts.iter().enumerate() {
+                std::thread::sleep(std::time::Duration::from_millis(150));
+                publish(p, &folder, &format!("p{i:02}.parquet"));
+                published.store(i + 1, Ordering::SeqCst);
+            }
+        }
+    });
+    let got: Vec<Arc<Mutex<BTreeMap<u64, RecordBatch>>>> =
+        (0..RANKS).map(|_| Arc::default()).collect();
+    let resume = |r: usize| got[r].lock().unwrap().keys().last().map_or(0, |s| s + 1);
+    let mut while_writing = 0;
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    for _ in 0..10 {
+        let (mut server, uri) = serve_following(&folder, &state, &state_dir);
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let after = std::time::Duration::from_millis(rng % 200);
+        rt.block_on(async {
+            let trainers: Vec<_> = (0..RANKS)
+                .map(|r| tokio::spawn(train(uri.clone(), r, resume(r), got[r].clone())))
+                .collect();
+            tokio::time::sleep(after).await;
+            let _ = server.0.kill();
+            let _ = server.0.wait();
+            for t in trainers {
+                // Neither finished: the stream has no end until end_ingest.
+                assert!(!t.await.unwrap());
+            }
+        });
+        let n = published.load(Ordering::SeqCst);
+        while_writing += usize::from(n > 0 && n < FILES);
+    }
+    assert!(
+        while_writing >= 2,
+        "only {while_writing} of the kills came while files were being published"
+    );
+    writer.join().unwrap();
+    let (_server, uri) = serve_following(&folder, &state, &state_dir);
+    rt.block_on(async {
+        let trainers: Vec<_> = (0..RANKS)
+            .map(|r| tokio::spawn(train(uri.clone(), r, resume(r), got[r].clone())))
+            .collect();
+        admitted(&uri, FILES as u64).await;
+        end(&uri).await;
+        for t in trainers {
+            assert!(t.await.unwrap(), "the stream ends");
+        }
+    });
+    for (rank, (got, want)) in got.iter().zip(&reference).enumerate() {
+        let got = got.lock().unwrap();
+        assert_eq!(got.len(), want.len(), "rank {rank}: every step");
+        for w in want {
+            assert_eq!(
+                got[&w.meta.step], w.batch,
+                "rank {rank} step {}",
+                w.meta.step
+            );
+        }
     }
 }
