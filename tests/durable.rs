@@ -13,8 +13,8 @@ use futures::{StreamExt, TryStreamExt};
 
 mod common;
 use common::pushed::{
-    batch, end_ingest, produced, push_all, read_steps, runtime, spool_first_rows, spool_segments,
-    start_with, ticket,
+    batch, end_ingest, keep_steps, produced, push_all, read_steps, runtime, spool_first_rows,
+    spool_segments, start_with, ticket,
 };
 
 /// The acknowledgement of a push of 50 rows by `origin` (`(producer, seq)`).
@@ -249,27 +249,11 @@ async fn train(uri: String, start: u64, got: Arc<Mutex<BTreeMap<u64, RecordBatch
     let Ok(mut client) = hydrant_flight::Client::connect(&uri).await else {
         return false;
     };
-    let Ok(mut steps) = client.steps(&ticket(start)).await else {
+    let Ok(steps) = client.steps(&ticket(start)).await else {
         return false;
     };
-    let mut committer = hydrant_flight::Client::connect(&uri).await.ok();
-    loop {
-        match steps.next_step().await {
-            None => return true,
-            Some(Err(_)) => return false,
-            Some(Ok(step)) => {
-                let s = step.meta.step;
-                if let Some(before) = got.lock().unwrap().insert(s, step.batch.clone()) {
-                    assert_eq!(before, step.batch, "step {s} differs when sent again");
-                }
-                if (s + 1) % 100 == 0
-                    && let Some(c) = &mut committer
-                {
-                    let _ = c.commit("pushed", s + 1).await;
-                }
-            }
-        }
-    }
+    let committer = hydrant_flight::Client::connect(&uri).await.ok();
+    keep_steps(steps, &got, committer.map(|c| (c, "pushed", 100))).await
 }
 
 /// The producer of the kill -9 test: pushes batches `next..batches`, advancing `next` on

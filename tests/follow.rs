@@ -45,6 +45,17 @@ fn publish(src: &Path, folder: &Path, name: &str) {
     std::fs::rename(&tmp, folder.join(name)).unwrap();
 }
 
+/// The ticket of `rank`'s stream from `start`.
+fn ticket(rank: usize, start: u64) -> hydrant_flight::Ticket {
+    hydrant_flight::Ticket {
+        pipeline: "criteo".into(),
+        epoch: 0,
+        rank: rank as u32,
+        world_size: RANKS as u32,
+        start_step: start,
+    }
+}
+
 /// Each rank's steps from `start` (at most `steps`), as (step, batch).
 async fn read(uri: &str, start: u64, steps: usize) -> Vec<Vec<hydrant_flight::StepBatch>> {
     let mut readers = Vec::new();
@@ -52,14 +63,7 @@ async fn read(uri: &str, start: u64, steps: usize) -> Vec<Vec<hydrant_flight::St
         let uri = uri.to_string();
         readers.push(tokio::spawn(async move {
             let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
-            let ticket = hydrant_flight::Ticket {
-                pipeline: "criteo".into(),
-                epoch: 0,
-                rank: rank as u32,
-                world_size: RANKS as u32,
-                start_step: start,
-            };
-            let stream = client.steps(&ticket).await.unwrap();
+            let stream = client.steps(&ticket(rank, start)).await.unwrap();
             common::pushed::take_steps(stream, steps).await
         }));
     }
@@ -273,38 +277,14 @@ async fn train(
     let Ok(mut client) = hydrant_flight::Client::connect(&uri).await else {
         return false;
     };
-    let ticket = hydrant_flight::Ticket {
-        pipeline: "criteo".into(),
-        epoch: 0,
-        rank: rank as u32,
-        world_size: RANKS as u32,
-        start_step: start,
-    };
-    let Ok(mut steps) = client.steps(&ticket).await else {
+    let Ok(steps) = client.steps(&ticket(rank, start)).await else {
         return false;
     };
-    let mut committer = hydrant_flight::Client::connect(&uri).await.ok();
-    loop {
-        match steps.next_step().await {
-            None => return true,
-            Some(Err(_)) => return false,
-            Some(Ok(step)) => {
-                let s = step.meta.step;
-                if let Some(before) = got.lock().unwrap().insert(s, step.batch.clone()) {
-                    assert_eq!(
-                        before, step.batch,
-                        "rank {rank} step {s} differs when sent again"
-                    );
-                }
-                if rank == 0
-                    && (s + 1) % 5 == 0
-                    && let Some(c) = &mut committer
-                {
-                    let _ = c.commit("criteo", s + 1).await;
-                }
-            }
-        }
-    }
+    let committer = match rank {
+        0 => hydrant_flight::Client::connect(&uri).await.ok(),
+        _ => None,
+    };
+    common::pushed::keep_steps(steps, &got, committer.map(|c| (c, "criteo", 5))).await
 }
 
 /// The continuous-training issue's crash test for followed folders: a writer publishes

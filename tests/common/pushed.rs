@@ -1,7 +1,8 @@
 //! The pushed pipeline's server and its producers and readers, shared by the DoPut
-//! tests (`push.rs`, `durable.rs`).
+//! tests (`push.rs`, `durable.rs`), and the crash tests' trainer loop (`follow.rs` too).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::{Float64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
@@ -128,6 +129,33 @@ pub async fn take_steps(
         }
     }
     got
+}
+
+/// A crash test's trainer loop: keeps each step of `stream` in `got` (a step got twice
+/// must be the same) and, given `commit = (client, pipeline, every)`, commits after each
+/// `every`-th step, until the stream ends (`true`) or breaks (`false`: the server went).
+pub async fn keep_steps(
+    mut stream: hydrant_flight::Steps,
+    got: &Mutex<BTreeMap<u64, RecordBatch>>,
+    mut commit: Option<(hydrant_flight::Client, &str, u64)>,
+) -> bool {
+    loop {
+        match stream.next_step().await {
+            None => return true,
+            Some(Err(_)) => return false,
+            Some(Ok(step)) => {
+                let s = step.meta.step;
+                if let Some(before) = got.lock().unwrap().insert(s, step.batch.clone()) {
+                    assert_eq!(before, step.batch, "step {s} differs when sent again");
+                }
+                if let Some((client, pipeline, every)) = &mut commit
+                    && (s + 1) % *every == 0
+                {
+                    let _ = client.commit(pipeline, s + 1).await;
+                }
+            }
+        }
+    }
 }
 
 /// Pushes batches `seqs` of `producer` (each of `rows` rows); returns which were
