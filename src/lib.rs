@@ -80,4 +80,4 @@ pub use pipeline::{
 };
 pub use remote::{Remote, RemoteRank};
 pub use runtime::Cluster;
-pub use spec::{DEFAULT_BATCH_ROWS, InputKind, PipelineSpec};
+pub use spec::{DEFAULT_BATCH_ROWS, InputKind, PipelineSpec, StatsMode, StatsSpec};

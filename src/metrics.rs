@@ -11,6 +11,8 @@ pub const ADMISSION_TO_DELIVERY: &str = "hydrant_admission_to_delivery_seconds";
 /// Gauge (seconds): how old the newest event of the latest delivered admission was when it
 /// was delivered (pipelines that name an `event_time` column).
 pub const EVENT_TIME_LAG: &str = "hydrant_event_time_lag_seconds";
+/// Counter: state versions made by a refreshed stream (`[stats] mode = "refresh"`).
+pub const STATE_VERSIONS: &str = "hydrant_state_versions_total";
 /// Counter: pushed batches rejected (label `reason`).
 pub const PUSH_REJECTED: &str = "hydrant_push_rejected_total";
 /// Counter: followed files skipped (wholly or from a bad batch on).

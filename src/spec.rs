@@ -44,6 +44,86 @@ pub struct PipelineSpec {
     /// stream's freshness then reports how old delivered events are. Rows pushed or
     /// followed without it (or with another type) are refused.
     pub event_time: Option<String>,
+    /// How a streamed pipeline's statistics change as rows arrive (`[stats]`).
+    pub stats: StatsSpec,
+}
+
+/// How a streamed pipeline's statistics change as rows arrive:
+///
+/// ```toml
+/// [stats]
+/// mode = "refresh"   # or "frozen" (the default): the state never changes
+/// warmup = 65536     # without --state, the first version is fitted on these rows
+/// every = 1000000    # a new version from all rows so far, every this many rows
+/// decay = 5000000    # optional: rows this much older count half (a half-life)
+/// ```
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsSpec {
+    /// Frozen or refreshed.
+    #[serde(default)]
+    pub mode: StatsMode,
+    /// Rows the first version is fitted on (or, with a given state, before the first
+    /// refresh).
+    #[serde(default)]
+    pub warmup: Option<u64>,
+    /// Rows between refreshes.
+    #[serde(default)]
+    pub every: Option<u64>,
+    /// The half-life, in rows, of decayed statistics; `None`: all rows weigh the same.
+    #[serde(default)]
+    pub decay: Option<f64>,
+}
+
+/// Whether a streamed pipeline's statistics change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatsMode {
+    /// The state given (or fitted) at start serves the whole stream.
+    #[default]
+    Frozen,
+    /// Fitted on the first rows, then refreshed as rows arrive, each version stamped on
+    /// the batches it featurized.
+    Refresh,
+}
+
+/// Rows the first version is fitted on, unless `[stats] warmup` says otherwise.
+pub const DEFAULT_WARMUP: u64 = 65_536;
+
+/// Rows between refreshes, unless `[stats] every` says otherwise.
+pub const DEFAULT_EVERY: u64 = 1_000_000;
+
+impl StatsSpec {
+    /// Whether the state is refreshed.
+    pub fn refreshes(&self) -> bool {
+        self.mode == StatsMode::Refresh
+    }
+
+    /// Rows the first version is fitted on.
+    pub fn warmup(&self) -> u64 {
+        self.warmup.unwrap_or(DEFAULT_WARMUP)
+    }
+
+    /// Rows between refreshes.
+    pub fn every(&self) -> u64 {
+        self.every.unwrap_or(DEFAULT_EVERY)
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        let set = self.warmup.is_some() || self.every.is_some() || self.decay.is_some();
+        if !self.refreshes() && set {
+            return Err(
+                "[stats] warmup, every and decay apply with mode = \"refresh\" only".into(),
+            );
+        }
+        if self.warmup == Some(0) || self.every == Some(0) {
+            return Err("[stats] warmup and every must be at least 1 row".into());
+        }
+        if self.decay.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
+            return Err("[stats] decay must be a positive number of rows (a half-life)".into());
+        }
+        Ok(())
+    }
 }
 
 /// Where a pipeline's rows come from.
@@ -70,6 +150,8 @@ struct RawSpec {
     event_time: Option<String>,
     #[serde(rename = "group", default)]
     groups: Vec<RawGroup>,
+    #[serde(default)]
+    stats: StatsSpec,
 }
 
 #[derive(Deserialize)]
@@ -130,6 +212,7 @@ impl PipelineSpec {
             batch_rows: raw.batch_rows.unwrap_or(DEFAULT_BATCH_ROWS),
             input: raw.input,
             event_time: raw.event_time,
+            stats: raw.stats,
         };
         spec.check()?;
         Ok(spec)
@@ -151,6 +234,7 @@ impl PipelineSpec {
             batch_rows,
             input: InputKind::Files,
             event_time: None,
+            stats: StatsSpec::default(),
         };
         spec.check()?;
         Ok(spec)
@@ -181,6 +265,7 @@ impl PipelineSpec {
         if self.event_time.as_ref().is_some_and(|c| c.is_empty()) {
             return bad("event_time names no column");
         }
+        self.stats.check().or_else(|e| bad(&e))?;
         if !(1..=MAX_BATCH_ROWS).contains(&self.batch_rows) {
             return bad(&format!("batch_rows must be 1 to {MAX_BATCH_ROWS}"));
         }
@@ -251,6 +336,35 @@ kind = "dense"
 columns = ["a"]
 steps = ["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"]
 "#;
+
+    #[test]
+    fn stats_are_frozen_unless_refreshed_and_checked() {
+        let spec = PipelineSpec::from_toml(GOOD, "t.toml").unwrap();
+        assert!(!spec.stats.refreshes());
+        let with =
+            |stats: &str| PipelineSpec::from_toml(&format!("{GOOD}\n[stats]\n{stats}"), "t.toml");
+        let s = with("mode = \"refresh\"\nwarmup = 10\nevery = 20\ndecay = 1e6").unwrap();
+        assert!(s.stats.refreshes());
+        assert_eq!(
+            (s.stats.warmup(), s.stats.every(), s.stats.decay),
+            (10, 20, Some(1e6))
+        );
+        let d = with("mode = \"refresh\"").unwrap();
+        assert_eq!(
+            (d.stats.warmup(), d.stats.every()),
+            (DEFAULT_WARMUP, DEFAULT_EVERY)
+        );
+        for (bad, says) in [
+            ("every = 5", "mode = \"refresh\" only"),
+            ("mode = \"refresh\"\nevery = 0", "at least 1 row"),
+            ("mode = \"refresh\"\ndecay = -1.0", "half-life"),
+            ("mode = \"sometimes\"", "line"),
+            ("mode = \"refresh\"\nevry = 5", "evry"),
+        ] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn parses_a_pipeline() {

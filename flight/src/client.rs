@@ -211,6 +211,17 @@ impl Client {
         serde_json::from_slice(reply).map_err(|e| ClientError::Protocol(format!("commit: {e}")))
     }
 
+    /// The `state` action: the fitted state of `pipeline` whose version batches carry as
+    /// `state_version`, as JSON (a refreshed stream makes new versions as rows arrive).
+    pub async fn state(&mut self, pipeline: &str, version: u64) -> Result<String, ClientError> {
+        use futures::TryStreamExt;
+        let body = serde_json::json!({"pipeline": pipeline, "version": version});
+        let action = arrow_flight::Action::new("state", Bytes::from(body.to_string()));
+        let replies: Vec<Bytes> = self.inner.do_action(action).await?.try_collect().await?;
+        String::from_utf8(replies.concat())
+            .map_err(|e| ClientError::Protocol(format!("state: {e}")))
+    }
+
     /// The stream a ticket names, one [`StepBatch`] per step.
     pub async fn steps(&mut self, ticket: &Ticket) -> Result<Steps, ClientError> {
         let stream = self

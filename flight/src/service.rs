@@ -175,6 +175,15 @@ pub trait Served: Send + Sync + 'static {
             self.name()
         )))
     }
+    /// The fitted state whose version is `version` (what batches carry as
+    /// `state_version`), as JSON (`state`). Called off the runtime's workers: it may
+    /// read a file.
+    fn state(&self, version: u64) -> Result<String, ServeError> {
+        Err(ServeError::NotFound(format!(
+            "pipeline `{}` has no state version {version}",
+            self.name()
+        )))
+    }
 }
 
 /// The body of the `commit` action.
@@ -184,6 +193,18 @@ struct CommitRequest {
     pipeline: String,
     step: u64,
 }
+
+/// The body of the `state` action.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateRequest {
+    pipeline: String,
+    version: u64,
+}
+
+/// A `state` reply is sent in results of at most this many bytes, to be concatenated: a
+/// vocabulary state can be larger than a gRPC client takes in one message.
+pub const STATE_CHUNK_BYTES: usize = 1 << 20;
 
 /// A step larger than this is cut into messages of about this size; smaller steps go as one
 /// message. It stays under the 4 MiB that gRPC clients accept by default (tonic, grpc-java,
@@ -679,6 +700,25 @@ impl FlightService for FlightServer {
                     arrow_flight::Result::new(serde_json::to_vec(&reply).unwrap_or_default());
                 Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
             }
+            "state" => {
+                let req: StateRequest =
+                    serde_json::from_slice(&request.get_ref().body).map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "state: body must be JSON {{\"pipeline\": NAME, \"version\": V}}: {}",
+                            hydrant_operators::quoted(&e.to_string())
+                        ))
+                    })?;
+                let p = self.pipeline(&req.pipeline)?.clone();
+                let json = tokio::task::spawn_blocking(move || p.state(req.version))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))??;
+                let chunks: Vec<_> = json
+                    .as_bytes()
+                    .chunks(STATE_CHUNK_BYTES)
+                    .map(|c| Ok(arrow_flight::Result::new(Bytes::copy_from_slice(c))))
+                    .collect();
+                Ok(Response::new(Box::pin(stream::iter(chunks))))
+            }
             other => Err(Status::unimplemented(format!(
                 "unknown action `{}` (ListActions lists them)",
                 hydrant_operators::quoted(other)
@@ -704,6 +744,11 @@ impl FlightService for FlightServer {
                 "commit",
                 "body: {\"pipeline\": NAME, \"step\": S}; the trainers' checkpoint holds \
                  every step before S: a restarted server resumes there (pushed input)",
+            ),
+            (
+                "state",
+                "body: {\"pipeline\": NAME, \"version\": V}; the fitted state whose version \
+                 batches carry as state_version, as JSON in results to concatenate",
             ),
         ]
         .map(|(t, d)| {

@@ -87,7 +87,7 @@ fn strings(c: &mut Criterion) {
             .collect();
         let dict: DictionaryArray<Int32Type> = rows.iter().copied().collect();
         let plain = StringArray::from(rows.clone());
-        let vocab = Lookup::Vocab(VocabIndex::new(&words.iter().collect()));
+        let vocab = Lookup::Vocab(VocabIndex::new(&words.iter().collect()), words.len() as i64);
         let hash = Lookup::Hash(1 << 18);
         let mut out = vec![0i64; ROWS];
         for (name, lookup) in [("vocab_dict", &vocab), ("hash_dict", &hash)] {

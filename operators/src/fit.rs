@@ -266,6 +266,39 @@ impl FitPartial {
         split
     }
 
+    /// Merges each statistic's partials into one, in unit order (as
+    /// [`FitPartial::finish`] does): statistics kept over a stream stay one partial each.
+    pub fn collapse(&mut self) {
+        for parts in self.entries.values_mut() {
+            parts.sort_by_key(|(unit, _)| *unit);
+            let mut drained = std::mem::take(parts).into_iter().map(|(_, p)| p);
+            if let Some(mut whole) = drained.next() {
+                drained.for_each(|p| whole.merge(p));
+                parts.push((0, whole));
+            }
+        }
+    }
+
+    /// Weighs everything seen by `factor` (see [`Partial::decay`]).
+    pub fn decay(&mut self, factor: f64) {
+        for parts in self.entries.values_mut() {
+            parts.iter_mut().for_each(|(_, p)| p.decay(factor));
+        }
+    }
+
+    /// Turns the statistics into the next version of `prev`'s parameters (see
+    /// [`Partial::finish_after`]): vocabularies only grow.
+    pub fn finish_after(self, prev: &FittedState, params: &mut BTreeMap<String, FittedParam>) {
+        let mut whole = self;
+        whole.collapse();
+        for (k, parts) in whole.entries {
+            if let Some((_, p)) = parts.into_iter().next() {
+                let param = p.finish_after(prev.params.get(&k));
+                params.insert(k, param);
+            }
+        }
+    }
+
     /// Turns the statistics into parameters, added to `params`: each statistic's partials
     /// are merged in unit order (of the same unit, in the order they were merged in).
     pub fn finish(self, params: &mut BTreeMap<String, FittedParam>) {

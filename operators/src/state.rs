@@ -38,6 +38,11 @@ pub enum FittedParam {
     Vocab {
         /// Values; a value's position is its index.
         values: Vocabulary,
+        /// The index unseen and null values take; `None`: the number of values. A
+        /// refreshed vocabulary keeps it at its `max_size`, so that it means the same in
+        /// every version while values are added.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unknown: Option<u64>,
     },
 }
 
@@ -157,7 +162,10 @@ impl FittedState {
                         return bad("quantile boundaries must be finite and ascending");
                     }
                 }
-                FittedParam::Vocab { values } => {
+                FittedParam::Vocab { values, unknown } => {
+                    if unknown.is_some_and(|u| u < values.len() as u64) {
+                        return bad("a vocabulary's unknown index is one of its values'");
+                    }
                     // foldhash, not std's SipHash: SipHash inserts were about a sixth of the
                     // samples while a state with large vocabularies loaded (perf).
                     let mut seen = foldhash::HashSet::with_capacity_and_hasher(
@@ -198,6 +206,7 @@ mod tests {
             FittedState::key("ids", "c0", 0),
             FittedParam::Vocab {
                 values: ["a", "b"].into_iter().collect(),
+                unknown: None,
             },
         );
         let state = FittedState::new("criteo", params);
@@ -213,7 +222,10 @@ mod tests {
         let values: Vocabulary = (0..50_000).map(|i| format!("v\"{i}")).collect();
         params.insert(
             FittedState::key("ids", "c0", 0),
-            FittedParam::Vocab { values },
+            FittedParam::Vocab {
+                values,
+                unknown: None,
+            },
         );
         let bytes = serde_json::to_vec(&params).unwrap();
         assert!(bytes.len() > 64 << 10, "more than the buffer");

@@ -198,6 +198,39 @@ impl Tally {
     }
 }
 
+impl Tally {
+    /// `prev` grown by the values it lacks, most frequent first (as
+    /// [`Tally::most_frequent`] orders them), while it has fewer than `max_size`: a value of
+    /// `prev` keeps its index whatever its count, so ids stay stable across versions.
+    pub fn grow(&self, prev: &Vocabulary, max_size: Option<usize>, min_count: u64) -> Vocabulary {
+        let max = max_size.unwrap_or(usize::MAX);
+        if prev.len() >= max {
+            return prev.clone();
+        }
+        let mut grown = VocabIndex::new(prev);
+        for value in self.most_frequent(None, min_count).iter() {
+            if grown.len() >= max {
+                break;
+            }
+            grown.intern(value);
+        }
+        grown.values().clone()
+    }
+
+    /// Each count multiplied by `factor` (rounded to the nearest); values whose count
+    /// rounds to 0 are dropped, so a decayed tally forgets values no longer seen.
+    pub fn decayed(&self, factor: f64) -> Tally {
+        let mut kept = Tally::default();
+        for (value, count) in self.iter() {
+            let c = (count as f64 * factor).round() as u64;
+            if c > 0 {
+                kept.add(value, c);
+            }
+        }
+        kept
+    }
+}
+
 /// The first 16 bytes of `bytes`, zero-padded, as a big-endian number.
 #[inline]
 fn prefix(bytes: &[u8]) -> u128 {
@@ -334,6 +367,51 @@ impl Partial {
         }
     }
 
+    /// Weighs what was seen by `factor` (a decay: `0.5` halves it). Moments and counts
+    /// decay; extremes and quantile digests summarize everything seen.
+    pub fn decay(&mut self, factor: f64) {
+        match self {
+            Partial::Moments(m) => {
+                let count = (m.count as f64 * factor).round() as u64;
+                if count == 0 {
+                    *m = Moments::default();
+                } else {
+                    m.m2 *= count as f64 / m.count as f64;
+                    m.count = count;
+                }
+            }
+            Partial::Counts { counts, .. } => *counts = counts.decayed(factor),
+            Partial::MinMax(_) | Partial::Quantiles { .. } => {}
+        }
+    }
+
+    /// The parameters this statistic yields as the next version of `prev` (`None`: the
+    /// first): a vocabulary grows from `prev`'s (see [`Tally::grow`]) and its unknown
+    /// index stays at its `max_size`; other parameters are fitted anew.
+    pub fn finish_after(self, prev: Option<&FittedParam>) -> FittedParam {
+        match (self, prev) {
+            (
+                Partial::Counts {
+                    max_size,
+                    min_count,
+                    counts,
+                },
+                prev,
+            ) => {
+                let empty = Vocabulary::new();
+                let prev = match prev {
+                    Some(FittedParam::Vocab { values, .. }) => values,
+                    _ => &empty,
+                };
+                FittedParam::Vocab {
+                    values: counts.grow(prev, max_size, min_count),
+                    unknown: max_size.map(|m| m as u64),
+                }
+            }
+            (partial, _) => partial.finish(),
+        }
+    }
+
     /// The fitted parameters this statistic yields.
     pub fn finish(self) -> FittedParam {
         match self {
@@ -364,6 +442,7 @@ impl Partial {
                 counts,
             } => FittedParam::Vocab {
                 values: counts.most_frequent(max_size, min_count),
+                unknown: None,
             },
         }
     }
@@ -422,7 +501,7 @@ mod tests {
                 }
             }
             p.merge(q);
-            let FittedParam::Vocab { values } = p.finish() else {
+            let FittedParam::Vocab { values, .. } = p.finish() else {
                 panic!()
             };
             assert_eq!(
@@ -532,5 +611,50 @@ mod tests {
         assert!(
             matches!(b.finish(), FittedParam::MinMax { min, max } if min == -1.0 && max == 3.0)
         );
+    }
+
+    fn tally(pairs: &[(&str, u64)]) -> Tally {
+        let mut t = Tally::default();
+        pairs.iter().for_each(|&(v, c)| t.add(v, c));
+        t
+    }
+
+    #[test]
+    fn a_grown_vocabulary_keeps_every_index_and_adds_by_count_up_to_its_size() {
+        let prev: Vocabulary = ["b", "a"].into_iter().collect();
+        // `a` and `b` are rare now: they keep their ids all the same.
+        let t = tally(&[("a", 1), ("c", 5), ("d", 9), ("e", 2), ("f", 1)]);
+        let grown = t.grow(&prev, Some(4), 2);
+        assert_eq!(grown.iter().collect::<Vec<_>>(), ["b", "a", "d", "c"]);
+        let unbounded = t.grow(&prev, None, 2);
+        assert_eq!(
+            unbounded.iter().collect::<Vec<_>>(),
+            ["b", "a", "d", "c", "e"]
+        );
+        // Full already: unchanged. From nothing: what a one-shot fit gives.
+        assert_eq!(t.grow(&grown, Some(4), 1), grown);
+        assert_eq!(
+            t.grow(&Vocabulary::new(), Some(3), 1),
+            t.most_frequent(Some(3), 1)
+        );
+    }
+
+    #[test]
+    fn decay_weighs_counts_and_moments_and_keeps_extremes() {
+        let t = tally(&[("a", 10), ("b", 1), ("c", 3)]).decayed(0.5);
+        assert_eq!(t.iter().collect::<Vec<_>>(), [("a", 5), ("b", 1), ("c", 2)]);
+        assert_eq!(tally(&[("a", 10), ("b", 1)]).decayed(0.1).len(), 1);
+        let mut m = Partial::Moments(Moments::default());
+        m.add_numbers(&[1.0, 2.0, 3.0, 4.0]);
+        m.decay(0.5);
+        let Partial::Moments(d) = &m else { panic!() };
+        assert_eq!((d.count, d.mean), (2, 2.5));
+        // The spread is unchanged: only the weight halves.
+        assert!((d.std() - 1.25f64.sqrt()).abs() < 1e-12);
+        m.decay(0.1);
+        assert!(matches!(&m, Partial::Moments(d) if *d == Moments::default()));
+        let mut mm = Partial::MinMax(Some((-1.0, 3.0)));
+        mm.decay(0.0);
+        assert!(matches!(mm, Partial::MinMax(Some((lo, hi))) if lo == -1.0 && hi == 3.0));
     }
 }

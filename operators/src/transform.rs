@@ -78,9 +78,10 @@ impl FeaturePlan {
                 let b = match (c.source, chain.last()) {
                     (Source::Str, Some(step @ Step::Vocab { .. })) => {
                         match param(state, name, col, 0, step)? {
-                            FittedParam::Vocab { values } => Bound::Str(
+                            FittedParam::Vocab { values, unknown } => Bound::Str(
                                 Arc::new(Lookup::Vocab(
                                     vocabs.next().unwrap_or_else(|| VocabIndex::new(values)),
+                                    unknown.map_or(values.len() as i64, |u| u as i64),
                                 )),
                                 DictCache::default(),
                             ),
@@ -151,7 +152,7 @@ impl FeaturePlan {
             };
             for c in g.columns.iter().filter(|c| c.source == Source::Str) {
                 match param(state, &g.spec.name, &c.name, 0, step) {
-                    Ok(FittedParam::Vocab { values }) => lists.push(values),
+                    Ok(FittedParam::Vocab { values, .. }) => lists.push(values),
                     _ => break 'groups,
                 }
             }

@@ -128,6 +128,17 @@ class Client:
             raise HydrantError(str(e)) from e
         return json.loads(results[0].body.to_pybytes())
 
+    def state(self, pipeline: str, version: int) -> dict:
+        """The fitted state of ``pipeline`` whose version batches carry as
+        ``state_version`` (a stream with ``[stats] mode = "refresh"`` makes new versions as
+        rows arrive): its parameters by ``group/column/step``, to serve the model with."""
+        body = json.dumps({"pipeline": pipeline, "version": int(version)}).encode()
+        try:
+            results = list(self._client.do_action(flight.Action("state", body), self._options))
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise HydrantError(str(e)) from e
+        return json.loads(b"".join(r.body.to_pybytes() for r in results))
+
     def ticket(
         self, pipeline: str, rank: int, world_size: int, epoch: int = 0, start_step: int = 0
     ) -> flight.Ticket:

@@ -22,6 +22,9 @@ pub struct StreamCutter {
     /// The first output index delivered (a resumed cutter drops the steps before).
     deliver_from: u64,
     pieces: Vec<Piece>,
+    /// The state versions batches are stamped with: each from its first step on (a
+    /// version takes effect at a step boundary).
+    versions: Vec<(u64, u64)>,
 }
 
 impl StreamCutter {
@@ -50,6 +53,7 @@ impl StreamCutter {
             rows: placement.window_start(deliver_from),
             deliver_from,
             pieces: Vec::new(),
+            versions: vec![(0, state_version)],
         })
     }
 
@@ -68,6 +72,23 @@ impl StreamCutter {
     /// Rows taken so far.
     pub fn rows(&self) -> u64 {
         self.rows
+    }
+
+    /// Takes the next featurized batch, featurized with state `version`; a version other
+    /// than the last one's takes effect from the step of the batch's first row, which must
+    /// be that step's first row (and its shuffle window's). Appends the steps it completes.
+    pub fn push_as(
+        &mut self,
+        batch: RecordBatch,
+        version: u64,
+        out: &mut Vec<RankBatch>,
+    ) -> Result<()> {
+        if self.versions.last().is_some_and(|&(_, v)| v != version) {
+            let step = self.rows / self.placement.step_rows();
+            self.versions.retain(|&(first, _)| first < step);
+            self.versions.push((step, version));
+        }
+        self.push(batch, out)
     }
 
     /// Takes the next featurized batch; appends the steps it completes, in step order.
@@ -132,7 +153,16 @@ impl StreamCutter {
         }
         // Step by step across ranks, as trainers that step together read them.
         out[at..].sort_by_key(|rb| (rb.meta.step, rb.meta.rank));
+        // Versions of steps every rank has been given are not needed again.
+        let cut = self.steps_cut();
+        let done = self.versions.partition_point(|&(first, _)| first <= cut);
+        self.versions.drain(..done.saturating_sub(1));
         for rb in &mut out[at..] {
+            let step = rb.meta.step;
+            let since = self.versions.partition_point(|&(first, _)| first <= step);
+            if let Some(&(_, version)) = self.versions.get(since.wrapping_sub(1)) {
+                rb.meta.state_version = version;
+            }
             let span = self.placement.positions(rb.meta.step, rb.meta.rank);
             rb.meta.positions = Some([span.start.min(self.rows), span.end.min(self.rows)]);
         }

@@ -70,7 +70,7 @@ impl ServedPipeline {
             inputs,
             self.plan.clone(),
             Some(self.state.clone()),
-            Some(self.bound.clone()),
+            self.bound.clone(),
             Delivery {
                 only: None,
                 ..self.delivery.clone()

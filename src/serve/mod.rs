@@ -32,6 +32,7 @@ mod cluster;
 mod follow;
 mod fresh;
 mod push;
+mod refresh;
 mod run;
 mod spark_log;
 mod spool;
@@ -79,7 +80,8 @@ pub struct ServedPipeline {
     idle_timeout: Duration,
     plan: Arc<FeaturePlan>,
     state: FittedState,
-    bound: Transformer,
+    /// The state bound to the plan (file input; pushed input binds per schema).
+    bound: Option<Transformer>,
     delivery: Delivery,
     workers: usize,
     schema: SchemaRef,
@@ -141,6 +143,8 @@ impl ServedPipeline {
             if let Some(commit) = &opened.commit {
                 self.resume(ingest, commit, dir)?;
             }
+            let deliver_from = opened.commit.as_ref().map_or(0, |c| c.row);
+            ingest.keep_versions(dir, deliver_from, opened.replay.first_row())?;
             ingest.replay(opened.spool, opened.replay, self.runs.clone());
         }
         Ok(self)
@@ -188,7 +192,7 @@ impl ServedPipeline {
         follow::check_folder(dir)?;
         ingest.follow_only();
         let (mut manifest, mut recorded, mut ended) = (None, Vec::new(), None);
-        let mut replay_from = 0;
+        let (mut replay_from, mut deliver_from) = (0, 0);
         if let Some(sd) = state_dir {
             let (m, rec) = follow::Manifest::open(sd)?;
             ended = rec.ended;
@@ -199,7 +203,8 @@ impl ServedPipeline {
             manifest = Some(m);
             if let Some(commit) = spool::read_commit(sd)? {
                 self.resume(&ingest, &commit, sd)?;
-                replay_from = commit.row;
+                replay_from = commit.keep_from();
+                deliver_from = commit.row;
             }
             ingest.commit_to(spool::Committer::standalone(sd));
         }
@@ -214,6 +219,9 @@ impl ServedPipeline {
             None => recorded.last().map_or(0, |a| a.row + a.rows.unwrap_or(0)),
         };
         ingest.set_next_row(next_row);
+        if let Some(sd) = state_dir {
+            ingest.keep_versions(sd, deliver_from, next_row)?;
+        }
         let counts = Arc::new(FollowCounts::default());
         // Files admitted before (and not read again) count as admitted.
         counts.files.store(first as u64, Ordering::Relaxed);
@@ -313,7 +321,7 @@ impl ServedPipeline {
             idle_timeout: IDLE_TIMEOUT,
             plan,
             state,
-            bound,
+            bound: Some(bound),
             delivery,
             workers,
             runs: Arc::default(),
@@ -321,15 +329,37 @@ impl ServedPipeline {
     }
 
     /// A pipeline whose rows are pushed by producers (DoPut) until `end_ingest`: one
-    /// epoch, fed as batches arrive. `delivery`'s row counts are ignored.
+    /// epoch, fed as batches arrive. `delivery`'s row counts are ignored. The state is
+    /// `state`; a pipeline whose `[stats]` refresh may start without one (its first
+    /// version is fitted on the first rows).
     pub fn ingest(
         spec: PipelineSpec,
-        state: FittedState,
+        state: Option<FittedState>,
         delivery: Delivery,
     ) -> crate::Result<Self> {
         let plan = Arc::new(spec.plan(&spec.nominal_schema())?);
-        let bound = plan.transformer(&state)?;
         let placement = *delivery.plan.placement();
+        let refresh = match spec.stats.refreshes() {
+            true => Some(refresh::Refresh::new(
+                &spec,
+                plan.clone(),
+                state.clone(),
+                &placement,
+            )?),
+            false => None,
+        };
+        let state = match state {
+            Some(state) => state,
+            None if refresh.is_some() => FittedState::empty(&spec.name),
+            None => {
+                return Err(crate::Error::Usage(format!(
+                    "pipeline `{}` has no state: give one, or refresh its statistics \
+                     ([stats] mode = \"refresh\")",
+                    spec.name
+                )));
+            }
+        };
+        let bound = plan.transformer(&state).ok();
         let event_time = spec.event_time.clone();
         let cutter = StreamCutter::new(placement, &plan.output_schema(), state.version)?;
         let world = delivery.plan.world_size();
@@ -356,6 +386,7 @@ impl ServedPipeline {
                     skip_below: 0,
                     replay_failed: None,
                     end_record: None,
+                    refresh,
                 },
                 placement,
                 event_time,
@@ -377,6 +408,12 @@ impl ServedPipeline {
             cluster: None,
             featurized: Default::default(),
         })
+    }
+
+    /// The version of the state delivered batches use now (a refreshed stream's changes).
+    fn state_version(&self) -> u64 {
+        let known = self.ingest.as_ref().and_then(|i| i.known.as_ref());
+        known.map_or(self.state.version, |k| lock(k).in_effect)
     }
 
     fn world(&self) -> usize {
@@ -409,7 +446,7 @@ impl ServedPipeline {
             inputs.clone(),
             self.plan.clone(),
             Some(self.state.clone()),
-            Some(self.bound.clone()),
+            self.bound.clone(),
             Delivery {
                 plan: self.delivery.plan.clone(),
                 epochs: epoch + 1,
@@ -584,6 +621,21 @@ impl Served for ServedPipeline {
         }
     }
 
+    fn state(&self, version: u64) -> Result<String, ServeError> {
+        let known = self.ingest.as_ref().and_then(|i| i.known.as_ref());
+        let json = match known {
+            Some(known) => lock(known).json(version),
+            None => (version == self.state.version).then(|| self.state.to_json()),
+        };
+        json.ok_or_else(|| {
+            ServeError::NotFound(format!(
+                "pipeline `{}` has no state version {version} (batches carry the versions it \
+                 has as state_version)",
+                self.name
+            ))
+        })
+    }
+
     fn commit(&self, step: u64) -> Result<serde_json::Value, ServeError> {
         match &self.ingest {
             Some(ingest) => ingest.commit(step),
@@ -710,7 +762,8 @@ impl Served for ServedPipeline {
             // Unknown for pushed input until it ends.
             "steps_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.steps()),
             "rows_per_epoch": self.inputs.as_ref().map(|_| self.delivery.plan.rows()),
-            "state_version": self.state.version,
+            "state_version": self.state_version(),
+            "state_versions": self.ingest.as_ref().and_then(|i| i.known.as_ref()).map(|k| lock(k).made),
             "rows_featurized": self.featurized.load(Ordering::Relaxed),
             "pushed": self.ingest.as_ref().map(|i| {
                 let p = &i.counts;

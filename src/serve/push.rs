@@ -15,6 +15,7 @@ use hydrant_operators::{FittedState, ROW_ID, Transformer};
 use tokio::sync::mpsc::Sender;
 
 use super::fresh::Freshness;
+use super::refresh::{Known, Piece, Refresh};
 use super::run::lock;
 use super::spool::{Commit, Committer, Record, Replay, Spool};
 use super::stream::Runs;
@@ -39,6 +40,8 @@ pub(super) struct Pushed {
     replayed: Condvar,
     /// How long admitted rows take to reach trainers.
     pub fresh: Arc<Freshness>,
+    /// The state versions a refreshed stream made.
+    pub known: Option<Arc<Mutex<Known>>>,
     /// What `status` reports, readable while a producer holds the lock (it may wait there
     /// for queue space as long as no trainer reads: `status` must not).
     pub counts: PushCounts,
@@ -64,6 +67,8 @@ pub(super) struct Ingest {
     /// Makes the end durable where there is no spool (a followed folder's manifest):
     /// called with the rows admitted before the input ends.
     pub end_record: Option<EndRecord>,
+    /// Statistics refreshed as rows arrive (`[stats] mode = "refresh"`).
+    pub refresh: Option<Refresh>,
 }
 
 /// Records durably that the input ends after the rows given.
@@ -86,6 +91,9 @@ pub(super) struct PushCounts {
     pub segments: AtomicU64,
     /// Steps every rank has been given.
     pub steps_cut: AtomicU64,
+    /// The first stream row refreshed statistics still count (a commit keeps the input
+    /// from there on); `u64::MAX` when nothing is refreshed.
+    pub counts_from: AtomicU64,
     /// Why replaying the spool stopped, if it did.
     replay_failed: Mutex<Option<String>>,
 }
@@ -101,7 +109,14 @@ impl Pushed {
     /// Pushed input cut by `ingest`, placed by `placement`; `event_time` names the column
     /// of its rows' event times, if the pipeline has one.
     pub fn new(ingest: Ingest, placement: Placement, event_time: Option<String>) -> Self {
+        let counts = PushCounts::default();
+        let counts_from = ingest
+            .refresh
+            .as_ref()
+            .map_or(u64::MAX, |r| r.counts_from());
+        counts.counts_from.store(counts_from, Ordering::Relaxed);
         Pushed {
+            known: ingest.refresh.as_ref().map(|r| r.known.clone()),
             fresh: Arc::new(Freshness::new(event_time)),
             state: Mutex::new(ingest),
             admitted: Mutex::default(),
@@ -109,7 +124,7 @@ impl Pushed {
             placement,
             followed: AtomicBool::new(false),
             replayed: Condvar::new(),
-            counts: PushCounts::default(),
+            counts,
         }
     }
 
@@ -232,13 +247,25 @@ impl Pushed {
             .newest_event(&batch)
             .map_err(ServeError::InvalidArgument)
             .inspect_err(rejected)?;
-        // Rows wholly before the commit's row go nowhere: nothing to featurize.
-        let featurized = if rows == 0 || skip < rows as usize {
-            let featurized = st.featurizer.featurize(batch.clone(), st.next_row);
-            let featurized = featurized.inspect_err(rejected)?;
-            Some(featurized.slice(skip, rows as usize - skip))
-        } else {
-            None
+        let featurized = match &mut st.refresh {
+            // Rows wholly before the commit's row go nowhere: nothing to featurize.
+            None if rows == 0 || skip < rows as usize => {
+                let featurized = st.featurizer.featurize(batch.clone(), st.next_row);
+                let featurized = featurized.inspect_err(rejected)?;
+                let version = st.featurizer.state_version();
+                vec![(featurized.slice(skip, rows as usize - skip), version)]
+            }
+            None => Vec::new(),
+            Some(refresh) => {
+                // Checked before its rows are counted: a refused batch changes nothing.
+                st.featurizer.check(&batch.schema()).inspect_err(rejected)?;
+                let pieces = refresh.take(&batch, st.next_row, st.skip_below)?;
+                let counts_from = refresh.counts_from();
+                self.counts
+                    .counts_from
+                    .store(counts_from, Ordering::Relaxed);
+                featurize_pieces(&mut st.featurizer, pieces, st.next_row).inspect_err(rejected)?
+            }
         };
         if live && let Some(spool) = &mut st.spool {
             // Synced before the rows go anywhere: an acknowledged batch is on disk.
@@ -254,14 +281,16 @@ impl Pushed {
             let seq = admitted.entry(o.producer).or_insert(o.seq);
             *seq = (*seq).max(o.seq);
         }
-        if let Some(featurized) = featurized {
+        if !featurized.is_empty() {
             // Known before any of its rows can be delivered.
             let first = st.next_row + skip as u64;
             self.fresh.admitted(first, arrived.at, arrived.unit, newest);
             let mut ranked = Vec::new();
-            st.cutter
-                .push(featurized, &mut ranked)
-                .map_err(|e| ServeError::Internal(e.to_string()))?;
+            for (batch, version) in featurized {
+                st.cutter
+                    .push_as(batch, version, &mut ranked)
+                    .map_err(|e| ServeError::Internal(e.to_string()))?;
+            }
             let cut = st.cutter.steps_cut();
             self.counts.steps_cut.store(cut, Ordering::SeqCst);
             if let Some(senders) = &st.senders {
@@ -304,8 +333,17 @@ impl Pushed {
         if durable && let Some(record) = &mut st.end_record {
             record(st.next_row).map_err(|e| ServeError::Internal(e.to_string()))?;
         }
-        let senders = st.senders.take().unwrap_or_default();
         let mut ranked = Vec::new();
+        if let Some(refresh) = &mut st.refresh {
+            // Input shorter than the warmup: the first version is fitted on what came.
+            let pieces = refresh.finish(st.skip_below)?;
+            for (batch, version) in featurize_pieces(&mut st.featurizer, pieces, st.next_row)? {
+                st.cutter
+                    .push_as(batch, version, &mut ranked)
+                    .map_err(|e| ServeError::Internal(e.to_string()))?;
+            }
+        }
+        let senders = st.senders.take().unwrap_or_default();
         st.dropped = st
             .cutter
             .end(&mut ranked)
@@ -374,6 +412,25 @@ impl Pushed {
 }
 
 impl Pushed {
+    /// Keeps refreshed statistics' versions in `dir` and takes up what an earlier server
+    /// kept there (see [`Refresh::keep_in`]); nothing without `[stats]` refresh.
+    pub fn keep_versions(
+        &self,
+        dir: &std::path::Path,
+        deliver_from: u64,
+        replay_from: u64,
+    ) -> crate::Result<()> {
+        let mut st = lock(&self.state);
+        if let Some(refresh) = &mut st.refresh {
+            refresh.keep_in(dir, deliver_from, replay_from)?;
+            let counts_from = refresh.counts_from();
+            self.counts
+                .counts_from
+                .store(counts_from, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Why replaying the spool stopped, if it did (read without the state's lock).
     pub fn replay_failed(&self) -> Option<String> {
         lock(&self.counts.replay_failed).clone()
@@ -426,10 +483,13 @@ impl Pushed {
                 .window_start(step.saturating_mul(self.placement.step_rows()));
             // Every batch whose rows lie before `row` has its sequence number here.
             let admitted = lock(&self.admitted).clone().into_iter().collect();
+            // Refreshed statistics count rows again from their last refresh point.
+            let counts_from = self.counts.counts_from.load(Ordering::Relaxed);
             let commit = Commit {
                 step,
                 row,
                 admitted,
+                keep: (counts_from < row).then_some(counts_from),
             };
             deleted = committer
                 .commit(&commit)
@@ -466,11 +526,36 @@ fn send_all(senders: &[Sender<RankBatch>], ranked: Vec<RankBatch>) -> Result<(),
     Ok(())
 }
 
+/// Featurizes `pieces` (rows a refreshed stream cut where its state changes), each with
+/// its state. Pieces from rows before `admitting` (held for the first version) were
+/// acknowledged already: a failure there fails the stream, not only this batch.
+fn featurize_pieces(
+    featurizer: &mut PushFeaturizer,
+    pieces: Vec<Piece>,
+    admitting: u64,
+) -> Result<Vec<(RecordBatch, u64)>, ServeError> {
+    let mut out = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        featurizer.set_state(&p.state);
+        let featurized = featurizer.featurize(p.batch, p.first);
+        let featurized = match featurized {
+            Err(e) if p.first < admitting => {
+                return Err(ServeError::Internal(format!(
+                    "rows held for the first state version cannot be featurized with it: {e}"
+                )));
+            }
+            other => other?,
+        };
+        out.push((featurized, p.state.version));
+    }
+    Ok(out)
+}
+
 /// Featurizes pushed batches for one pipeline, binding a transformer per input schema seen
 /// (producers may differ in, say, integer widths).
 pub struct PushFeaturizer {
     spec: PipelineSpec,
-    state: FittedState,
+    state: Arc<FittedState>,
     output: SchemaRef,
     transformers: Vec<(SchemaRef, Transformer)>,
 }
@@ -483,7 +568,7 @@ impl PushFeaturizer {
     pub fn new(spec: PipelineSpec, state: FittedState, output: SchemaRef) -> Self {
         PushFeaturizer {
             spec,
-            state,
+            state: Arc::new(state),
             output,
             transformers: Vec::new(),
         }
@@ -492,6 +577,32 @@ impl PushFeaturizer {
     /// The pipeline it featurizes for.
     pub fn spec(&self) -> &PipelineSpec {
         &self.spec
+    }
+
+    /// The version of the state it featurizes with.
+    pub fn state_version(&self) -> u64 {
+        self.state.version
+    }
+
+    /// Featurizes with `state` from now on (transformers are bound again when it changes).
+    pub fn set_state(&mut self, state: &Arc<FittedState>) {
+        if !Arc::ptr_eq(&self.state, state) {
+            self.state = state.clone();
+            self.transformers.clear();
+        }
+    }
+
+    /// Checks that batches of `schema` can be featurized and delivered, without a state
+    /// (rows held for a first version are checked so, before they are acknowledged).
+    pub fn check(&self, schema: &Schema) -> Result<(), ServeError> {
+        let invalid = |e: &dyn std::fmt::Display| ServeError::InvalidArgument(e.to_string());
+        if schema.index_of(ROW_ID).is_ok() {
+            return Err(invalid(&format!(
+                "column `{ROW_ID}` is added by hydrant; do not push it"
+            )));
+        }
+        let plan = self.spec.plan(schema).map_err(|e| invalid(&e))?;
+        check_output(&plan.output_schema(), &self.output).map_err(|e| invalid(&e))
     }
 
     /// Featurizes `batch`, its rows numbered from `first_row`.

@@ -170,8 +170,8 @@ fn hash(bytes: &[u8]) -> u64 {
 /// How a string becomes an index.
 #[derive(Debug, Clone)]
 pub enum Lookup {
-    /// Position in a fitted vocabulary.
-    Vocab(VocabIndex),
+    /// Position in a fitted vocabulary, and the index of values not in it.
+    Vocab(VocabIndex, i64),
     /// `xxhash64(bytes, seed 0) mod n`.
     Hash(u64),
 }
@@ -180,7 +180,7 @@ impl Lookup {
     #[inline]
     fn index(&self, bytes: &[u8]) -> i64 {
         match self {
-            Lookup::Vocab(v) => v.find(hash(bytes), bytes).unwrap_or(v.len() as i64),
+            Lookup::Vocab(v, unknown) => v.find(hash(bytes), bytes).unwrap_or(*unknown),
             Lookup::Hash(n) => (xxhash_rust::xxh64::xxh64(bytes, 0) % n) as i64,
         }
     }
@@ -188,7 +188,7 @@ impl Lookup {
     /// The index given to null (and, for a vocabulary, unseen) values.
     pub fn missing(&self) -> i64 {
         match self {
-            Lookup::Vocab(v) => v.len() as i64,
+            Lookup::Vocab(_, unknown) => *unknown,
             Lookup::Hash(n) => *n as i64,
         }
     }
@@ -379,7 +379,7 @@ mod tests {
             let refs: Vec<Option<&str>> = data.iter().map(|s| s.as_deref()).collect();
             let vocab = reference::vocab(&refs, Some(20), 1);
             let lookups = [
-                Lookup::Vocab(VocabIndex::new(&vocab.iter().collect())),
+                Lookup::Vocab(VocabIndex::new(&vocab.iter().collect()), vocab.len() as i64),
                 Lookup::Hash(17),
             ];
             let plain: ArrayRef = Arc::new(StringArray::from(refs.clone()));
@@ -395,7 +395,7 @@ mod tests {
                 let want: Vec<i64> = refs
                     .iter()
                     .map(|v| match lookup {
-                        Lookup::Vocab(_) => reference::vocab_index(*v, &vocab),
+                        Lookup::Vocab(..) => reference::vocab_index(*v, &vocab),
                         Lookup::Hash(n) => reference::hash_bucket(*v, *n),
                     })
                     .collect();
@@ -414,7 +414,7 @@ mod tests {
                 let want8: Vec<i64> = refs
                     .iter()
                     .map(|v| match lookup {
-                        Lookup::Vocab(_) => reference::vocab_index(v.map(|s| &s[..2]), &vocab),
+                        Lookup::Vocab(..) => reference::vocab_index(v.map(|s| &s[..2]), &vocab),
                         Lookup::Hash(n) => reference::hash_bucket(v.map(|s| &s[..2]), *n),
                     })
                     .collect();
@@ -425,7 +425,7 @@ mod tests {
 
     #[test]
     fn a_new_dictionary_is_mapped_again() {
-        let lookup = Lookup::Vocab(VocabIndex::new(&["a", "b"].into_iter().collect()));
+        let lookup = Lookup::Vocab(VocabIndex::new(&["a", "b"].into_iter().collect()), 2);
         let mut cache = DictCache::default();
         let mut out = vec![0; 2];
         let d1: DictionaryArray<Int32Type> = vec!["a", "b"].into_iter().collect();

@@ -68,7 +68,7 @@ pub(crate) struct ServeArgs {
     state_dir: Option<PathBuf>,
     /// Stream the Parquet / Arrow IPC files that appear in DIR (instead of --input): one
     /// endless epoch, files admitted in name order as they appear; names starting with `_`
-    /// or `.` are not data. Needs --state. With --state-dir, admissions are recorded there
+    /// or `.` are not data. Needs --state, or [stats] mode = "refresh". With --state-dir, admissions are recorded there
     /// and a restarted server replays them from the trainers' last `commit`.
     #[arg(long, value_name = "DIR")]
     follow: Option<PathBuf>,
@@ -139,6 +139,13 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         .local_addr()
         .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
     let pushed = spec.input == hydrant::InputKind::Flight || args.follow.is_some();
+    if spec.stats.refreshes() && !pushed {
+        return Err(Error::Usage(format!(
+            "pipeline `{}` refreshes its statistics ([stats] mode = \"refresh\"), which \
+             streams do: push its input (input = \"flight\") or give --follow",
+            spec.name
+        )));
+    }
     if pushed && args.common.processes > 1 {
         return Err(Error::Usage(format!(
             "pipeline `{}` takes pushed or followed input, which one process serves: give \
@@ -397,14 +404,15 @@ fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serv
             spec.name
         )));
     }
-    let path = args.state.as_deref().ok_or_else(|| {
-        Error::Usage(format!(
-            "pipeline `{}` {what}: give --state (statistics cannot be fitted on a stream \
-             that has not arrived)",
+    let path = args.state.as_deref();
+    if path.is_none() && !spec.stats.refreshes() {
+        return Err(Error::Usage(format!(
+            "pipeline `{}` {what}: give --state, or fit its first state on the first rows \
+             with [stats] mode = \"refresh\" in the pipeline file",
             spec.name
-        ))
-    })?;
-    let state = read_state(path)?;
+        )));
+    }
+    let state = path.map(read_state).transpose()?;
     let d = &args.delivery;
     let options = d.options(hydrant::runtime::Cluster::local(1))?;
     options.check_memory(&spec.plan(&spec.nominal_schema())?.output_schema())?;
@@ -423,11 +431,11 @@ fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serv
         start_step: 0,
         only: None,
     };
-    hydrant::serve::ServedPipeline::ingest(spec, state, delivery).map_err(|e| match e {
-        Error::Op(op) => Error::State {
+    hydrant::serve::ServedPipeline::ingest(spec, state, delivery).map_err(|e| match (e, path) {
+        (Error::Op(op), Some(path)) => Error::State {
             path: path.to_path_buf(),
             reason: op.to_string(),
         },
-        other => other,
+        (other, _) => other,
     })
 }

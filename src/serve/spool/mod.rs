@@ -48,6 +48,17 @@ pub struct Commit {
     /// Each named producer's highest admitted `seq` when the commit was made, so that
     /// retries of batches in deleted segments are still known as duplicates.
     pub admitted: BTreeMap<String, u64>,
+    /// The first stream row kept, when it is before `row`: refreshed statistics count
+    /// the rows from their last refresh point again after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<u64>,
+}
+
+impl Commit {
+    /// The first stream row a restarted server reads again.
+    pub fn keep_from(&self) -> u64 {
+        self.keep.map_or(self.row, |k| k.min(self.row))
+    }
 }
 
 /// Each segment's first row and path, oldest first; the last is the one appended to.
@@ -100,7 +111,7 @@ fn segment_row(name: &str) -> Option<u64> {
 }
 
 /// Makes the directory's entries (a file created, renamed or removed) durable.
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub(super) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
@@ -114,13 +125,13 @@ impl Spool {
         let commit = read_commit(dir)?;
         let mut segments = list_segments(dir)?;
         if segments.is_empty() {
-            let first = commit.as_ref().map_or(0, |c| c.row);
+            let first = commit.as_ref().map_or(0, Commit::keep_from);
             let path = segment_path(dir, first);
             File::create(&path).map_err(|e| state_error(&path, &e))?;
             sync_dir(dir).map_err(|e| state_error(dir, &e))?;
             segments.push((first, path));
         }
-        let keep = commit.as_ref().map_or(0, |c| c.row);
+        let keep = commit.as_ref().map_or(0, Commit::keep_from);
         let deleted = trim(&mut segments, keep)?;
         if deleted > 0 {
             sync_dir(dir).map_err(|e| state_error(dir, &e))?;
@@ -270,7 +281,7 @@ impl Committer {
             .and_then(|()| sync_dir(&self.dir));
         written.map_err(|e| state_error(&path, &format!("cannot save the commit: {e}")))?;
         // The segment appended to is never deleted: appends need no lock of this.
-        let deleted = trim(&mut lock(&self.segments), commit.row)?;
+        let deleted = trim(&mut lock(&self.segments), commit.keep_from())?;
         if deleted > 0 {
             sync_dir(&self.dir).map_err(|e| state_error(&self.dir, &e))?;
         }
@@ -425,6 +436,7 @@ mod tests {
             step: 1,
             row: 7,
             admitted: [("p".to_string(), 4)].into(),
+            keep: None,
         };
         // Rows 0..6 are wholly before row 7; the segment holding it stays.
         assert_eq!(opened.spool.committer().commit(&commit).unwrap(), 2);
@@ -485,6 +497,7 @@ mod tests {
             step: 1,
             row: 8,
             admitted: Default::default(),
+            keep: None,
         };
         std::fs::write(
             dir.path().join(COMMIT_FILE),

@@ -1,0 +1,363 @@
+//! Statistics that follow a stream (`[stats] mode = "refresh"`), against the real server:
+//! the first version fitted on the warmup rows, new versions every `every` rows, each
+//! switched at the same step on every rank and stamped on the batches it featurized, ids
+//! stable across versions, and the same versions at the same steps after a SIGKILL.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{AsArray, Float64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Float32Type, Int64Type, Schema};
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightData, FlightDescriptor};
+use futures::TryStreamExt;
+use hydrant::operators::{FittedParam, FittedState};
+
+mod common;
+use common::pushed::runtime;
+use common::{Server, serve};
+
+const PIPELINE: &str = r#"
+name = "fresh"
+input = "flight"
+
+[stats]
+mode = "refresh"
+warmup = 256
+every = 320
+
+[[group]]
+name = "dense"
+kind = "dense"
+columns = ["x"]
+steps = ["standardize"]
+
+[[group]]
+name = "ids"
+kind = "ids"
+columns = ["c"]
+steps = ["vocab(max_size=12)"]
+"#;
+
+/// Rows pushed, in pushes of `PUSH` rows.
+const ROWS: u64 = 2000;
+const PUSH: u64 = 50;
+/// Two ranks of 32 rows: steps of 64 rows.
+const RANKS: u64 = 2;
+const STEP_ROWS: u64 = 64;
+
+/// The value of column `c` at stream row `r`: a window of 7 values that slides by one
+/// every 400 rows, so new values keep arriving.
+fn value(r: u64) -> String {
+    format!("v{}", r % 7 + r / 400)
+}
+
+/// Column `x` at row `r`: its mean drifts.
+fn x(r: u64) -> f64 {
+    r as f64 / 100.0 + (r % 5) as f64
+}
+
+fn rows(first: u64, n: u64) -> RecordBatch {
+    let schema = Schema::new(vec![
+        Field::new("x", DataType::Float64, true),
+        Field::new("c", DataType::Utf8, true),
+    ]);
+    let xs: Float64Array = (first..first + n).map(|r| Some(x(r))).collect();
+    let cs: StringArray = (first..first + n).map(|r| Some(value(r))).collect();
+    RecordBatch::try_new(Arc::new(schema), vec![Arc::new(xs), Arc::new(cs)]).unwrap()
+}
+
+fn start(dir: &Path, state_dir: &Path) -> (Server, String) {
+    let toml = dir.join("fresh.toml");
+    std::fs::write(&toml, PIPELINE).unwrap();
+    serve(&[
+        "--pipeline".as_ref(),
+        toml.as_os_str(),
+        "--batch-size".as_ref(),
+        "32".as_ref(),
+        "--ranks".as_ref(),
+        "2".as_ref(),
+        "--state-dir".as_ref(),
+        state_dir.as_os_str(),
+    ])
+}
+
+/// Pushes batches `seqs` as producer `p` (batch `k` holds rows `k * PUSH..`).
+async fn push(uri: &str, seqs: std::ops::Range<u64>) {
+    let channel = tonic::transport::Channel::from_shared(uri.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = FlightServiceClient::new(channel);
+    for seq in seqs {
+        let path = vec!["ingest".into(), "fresh".into(), "p".into()];
+        let mut messages: Vec<FlightData> = FlightDataEncoderBuilder::new()
+            .with_flight_descriptor(Some(FlightDescriptor::new_path(path)))
+            .build(futures::stream::iter([Ok(rows(seq * PUSH, PUSH))]))
+            .try_collect()
+            .await
+            .unwrap();
+        messages.last_mut().unwrap().app_metadata = format!(r#"{{"seq":{seq}}}"#).into();
+        let response = client.do_put(futures::stream::iter(messages)).await;
+        let _: Vec<_> = response.unwrap().into_inner().try_collect().await.unwrap();
+    }
+}
+
+async fn end_ingest(uri: &str) {
+    let channel = tonic::transport::Channel::from_shared(uri.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let end = arrow_flight::Action::new("end_ingest", "fresh");
+    let _: Vec<_> = FlightServiceClient::new(channel)
+        .do_action(end)
+        .await
+        .unwrap()
+        .into_inner()
+        .try_collect()
+        .await
+        .unwrap();
+}
+
+/// Rank `rank`'s steps from `start` on, until its stream ends (or `until` steps).
+async fn read(uri: String, rank: u64, start: u64, until: u64) -> Vec<hydrant_flight::StepBatch> {
+    let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+    let ticket = hydrant_flight::Ticket {
+        pipeline: "fresh".into(),
+        epoch: 0,
+        rank: rank as u32,
+        world_size: RANKS as u32,
+        start_step: start,
+    };
+    let mut steps = client.steps(&ticket).await.unwrap();
+    let mut got = Vec::new();
+    while (got.len() as u64) < until {
+        match steps.next_step().await {
+            Some(step) => got.push(step.unwrap()),
+            None => break,
+        }
+    }
+    got
+}
+
+/// Both ranks' steps from `start` (at most `until` each), read while `push` runs.
+async fn read_ranks(
+    uri: &str,
+    start: u64,
+    until: u64,
+    push: impl std::future::Future<Output = ()>,
+) -> Vec<Vec<hydrant_flight::StepBatch>> {
+    let readers: Vec<_> = (0..RANKS)
+        .map(|r| tokio::spawn(read(uri.to_string(), r, start, until)))
+        .collect();
+    push.await;
+    let mut ranks = Vec::new();
+    for r in readers {
+        ranks.push(r.await.unwrap());
+    }
+    ranks
+}
+
+/// The versions' log: `(seq, version, at, from)` per line.
+fn versions(state_dir: &Path) -> Vec<(u64, u64, u64, u64)> {
+    let text = std::fs::read_to_string(state_dir.join("state.versions")).unwrap();
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let n = |k: &str| v[k].as_u64().unwrap();
+            (n("seq"), n("version"), n("at"), n("from"))
+        })
+        .collect()
+}
+
+fn vocab(state: &FittedState) -> (Vec<String>, Option<u64>) {
+    match &state.params["ids/c/0"] {
+        FittedParam::Vocab { values, unknown } => {
+            (values.iter().map(String::from).collect(), *unknown)
+        }
+        other => panic!("not a vocabulary: {other:?}"),
+    }
+}
+
+fn mean_std(state: &FittedState) -> (f64, f64) {
+    match &state.params["dense/x/0"] {
+        FittedParam::Standardize { mean, std } => (*mean, *std),
+        other => panic!("not moments: {other:?}"),
+    }
+}
+
+#[test]
+fn versions_are_fitted_refreshed_and_switched_at_the_same_step_on_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let state_dir = dir.path().join("state");
+    let (_server, uri) = start(dir.path(), &state_dir);
+    let rt = runtime();
+    let ranks = rt.block_on(read_ranks(&uri, 0, u64::MAX, async {
+        push(&uri, 0..ROWS / PUSH).await;
+        end_ingest(&uri).await;
+    }));
+    // Fitted at the warmup (in effect from row 0), then every 320 rows, each taking
+    // effect at the next step boundary (steps of 64 rows, unshuffled).
+    let log = versions(&state_dir);
+    let at: Vec<u64> = log.iter().map(|l| l.2).collect();
+    let from: Vec<u64> = log.iter().map(|l| l.3).collect();
+    assert_eq!(at, [256, 576, 896, 1216, 1536, 1856]);
+    assert_eq!(from, [0, 576, 896, 1216, 1536, 1856]);
+    assert_eq!(
+        log.iter().map(|l| l.0).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4, 5]
+    );
+
+    let steps = ROWS.div_ceil(STEP_ROWS);
+    let mut states: BTreeMap<u64, FittedState> = BTreeMap::new();
+    let mut client = rt.block_on(hydrant_flight::Client::connect(&uri)).unwrap();
+    let mut seen_rows = Vec::new();
+    for (rank, got) in ranks.iter().enumerate() {
+        assert_eq!(got.len() as u64, steps, "rank {rank}");
+        for s in got {
+            let step = s.meta.step;
+            // The version in effect at the step's first row, on every rank.
+            let expected = log
+                .iter()
+                .rev()
+                .find(|l| l.3 <= step * STEP_ROWS)
+                .unwrap()
+                .1;
+            assert_eq!(s.meta.state_version, expected, "rank {rank} step {step}");
+            let state = states.entry(expected).or_insert_with(|| {
+                let json = rt.block_on(client.state("fresh", expected)).unwrap();
+                FittedState::from_json(&json).unwrap()
+            });
+            // Each row featurized with that version, and no other.
+            let (values, unknown) = vocab(state);
+            let (mean, std) = mean_std(state);
+            let ids = common::real_row_ids(&s.batch);
+            let dense = s
+                .batch
+                .column_by_name("dense")
+                .unwrap()
+                .as_fixed_size_list();
+            let dense = dense.values().as_primitive::<Float32Type>();
+            let id = s.batch.column_by_name("ids").unwrap().as_fixed_size_list();
+            let id = id.values().as_primitive::<Int64Type>();
+            for (i, &r) in ids.iter().enumerate() {
+                let want = values
+                    .iter()
+                    .position(|v| *v == value(r))
+                    .map_or(unknown.unwrap() as i64, |p| p as i64);
+                assert_eq!(id.value(i), want, "row {r}");
+                let z = ((x(r) - mean) / std) as f32;
+                assert!((dense.value(i) - z).abs() < 1e-4, "row {r}");
+            }
+            seen_rows.extend(ids);
+        }
+    }
+    seen_rows.sort_unstable();
+    assert_eq!(seen_rows, (0..ROWS).collect::<Vec<_>>(), "every row once");
+
+    // Vocabularies only grow: each version's values start with the last one's, the
+    // unknown id is max_size in all of them, and values that came later were added.
+    let by_seq: Vec<&FittedState> = log.iter().map(|l| &states[&l.1]).collect();
+    for pair in by_seq.windows(2) {
+        let (a, b) = (vocab(pair[0]).0, vocab(pair[1]).0);
+        assert!(
+            b.len() >= a.len() && b[..a.len()] == a[..],
+            "{a:?} then {b:?}"
+        );
+    }
+    let (first, last) = (vocab(by_seq[0]), vocab(by_seq[5]));
+    assert_eq!((first.1, last.1), (Some(12), Some(12)));
+    assert_eq!(first.0.len(), 7, "the warmup saw v0..v6: {first:?}");
+    assert_eq!(last.0.len(), 11, "v0..v10 by row 1856: {last:?}");
+    // The moments follow the drifting mean: all rows so far, not the warmup's only.
+    assert!(mean_std(by_seq[5]).0 > mean_std(by_seq[0]).0 + 5.0);
+    let status = rt.block_on(client.status()).unwrap();
+    let p = &status["pipelines"][0];
+    assert_eq!(p["state_versions"], 6, "{p}");
+    assert_eq!(p["state_version"], log[5].1, "{p}");
+    let missing = rt.block_on(client.state("fresh", 12345));
+    assert!(format!("{missing:?}").contains("no state version 12345"));
+}
+
+/// A server killed after a commit and restarted replays the spool: it counts the rows
+/// since its last refresh point again and makes the versions an uninterrupted server
+/// made, at the same rows, so every step from the commit on is the same bit for bit.
+#[test]
+fn a_killed_server_makes_the_same_versions_at_the_same_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let whole = dir.path().join("whole");
+    let reference = {
+        let (_server, uri) = start(dir.path(), &whole);
+        rt.block_on(read_ranks(&uri, 0, u64::MAX, async {
+            push(&uri, 0..ROWS / PUSH).await;
+            end_ingest(&uri).await;
+        }))
+    };
+
+    let killed = dir.path().join("killed");
+    let (mut server, uri) = start(dir.path(), &killed);
+    // 1,200 rows: versions made at 256, 576 and 896; 18 steps of each rank cut.
+    let early = rt.block_on(read_ranks(&uri, 0, 17, push(&uri, 0..24)));
+    assert!(early.iter().all(|r| r.len() == 17));
+    let mut client = rt.block_on(hydrant_flight::Client::connect(&uri)).unwrap();
+    // Step 16 starts at row 1,024: the rows from the last refresh point (896) are kept.
+    rt.block_on(client.commit("fresh", 16)).unwrap();
+    let commit: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(killed.join("commit.json")).unwrap()).unwrap();
+    assert_eq!(
+        (commit["row"].as_u64(), commit["keep"].as_u64()),
+        (Some(1024), Some(896))
+    );
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    drop(server);
+
+    let (_server, uri) = start(dir.path(), &killed);
+    // The producer retries everything: what was acknowledged is not admitted twice.
+    let resumed = rt.block_on(read_ranks(&uri, 16, u64::MAX, async {
+        push(&uri, 0..ROWS / PUSH).await;
+        end_ingest(&uri).await;
+    }));
+    assert_eq!(versions(&killed), versions(&whole));
+    for (rank, (got, want)) in resumed.iter().zip(&reference).enumerate() {
+        assert_eq!(got.len(), want.len() - 16, "rank {rank}");
+        for (g, w) in got.iter().zip(&want[16..]) {
+            assert_eq!(g.meta, w.meta, "rank {rank}");
+            assert_eq!(g.batch, w.batch, "rank {rank} step {}", g.meta.step);
+        }
+    }
+}
+
+/// What cannot be refreshed is refused at start, in one line.
+#[test]
+fn refreshing_what_cannot_be_refreshed_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("p.toml");
+    let serve_err = |pipeline: &str, extra: &[&str]| {
+        std::fs::write(&toml, pipeline).unwrap();
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--pipeline"];
+        args.push(toml.to_str().unwrap());
+        args.extend_from_slice(extra);
+        let out = common::hydrant(&args);
+        assert!(!out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let unbounded = PIPELINE.replace("vocab(max_size=12)", "vocab");
+    let e = serve_err(&unbounded, &[]);
+    assert!(e.contains("without max_size"), "{e}");
+    let files = PIPELINE.replace("input = \"flight\"", "");
+    let data = common::gen_criteo(dir.path(), 100, 1);
+    let e = serve_err(&files, &["--input", data.to_str().unwrap()]);
+    assert!(e.contains("push its input"), "{e}");
+    let frozen = PIPELINE.replace("mode = \"refresh\"\n", "");
+    let e = serve_err(&frozen, &[]);
+    assert!(
+        e.contains("mode = \\\"refresh\\\" only") || e.contains("refresh\" only"),
+        "{e}"
+    );
+}
