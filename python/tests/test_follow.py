@@ -155,3 +155,41 @@ def test_pushed_batches_need_the_event_time_column_and_are_timed(tmp_path):
         assert [i for b in got for i in b.row_id[~b.mask].tolist()] == list(range(300))
     finally:
         server.stop()
+
+
+def test_a_followed_folder_refreshes_its_statistics_and_serves_each_version(tmp_path):
+    """No --state: the first version is fitted on the warmup rows, the next ones every
+    `every` rows; each batch names the version that featurized it, and the `state` action
+    returns that version (the one to serve the model with)."""
+    toml = tmp_path / "clicks.toml"
+    toml.write_text(PIPELINE.replace('event_time = "ts"\n', "")
+                    + '\n[stats]\nmode = "refresh"\nwarmup = 300\nevery = 400\n')
+    folder = tmp_path / "in"
+    folder.mkdir()
+    server = Server("--pipeline", toml, "--follow", folder, "--state-dir", tmp_path / "sd",
+                    "--ranks", "1", "--batch-size", "100")
+    try:
+        client = Client(server.uri)
+        got, reader = read_in_background(client)
+        for k in range(3):
+            publish(table(400, 400 * k, 0), folder, f"{k}.parquet")
+        wait_for(lambda: client.status()["pipelines"][0]["pushed"]["rows_in"] == 1200,
+                 "the three files to be admitted")
+        client.end_ingest("clicks")
+        reader.join(timeout=30)
+        assert not reader.is_alive()
+        # Versions made at rows 300 (in effect from 0), 700 and 1100 (from the next step).
+        versions = [b.state_version for b in got]
+        first, second, third = versions[0], versions[7], versions[11]
+        assert versions == [first] * 7 + [second] * 4 + [third], versions
+        assert len({first, second, third}) == 3
+        means = [client.state("clicks", v)["params"]["dense/x/1"]["standardize"]["mean"]
+                 for v in (first, second, third)]
+        # x counts up, so each version's mean (of all rows so far) is higher.
+        assert means[0] < means[1] < means[2], means
+        assert abs(means[0] - 149.5) < 1e-9, means
+        status = client.status()["pipelines"][0]
+        assert status["state_versions"] == 3 and status["state_version"] == third
+        assert (tmp_path / "sd" / f"state-{second}.json").exists()
+    finally:
+        server.stop()
