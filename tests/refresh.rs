@@ -70,9 +70,13 @@ fn rows(first: u64, n: u64) -> RecordBatch {
 }
 
 fn start(dir: &Path, state_dir: &Path) -> (Server, String) {
+    start_with(dir, state_dir, &[])
+}
+
+fn start_with(dir: &Path, state_dir: &Path, extra: &[&str]) -> (Server, String) {
     let toml = dir.join("fresh.toml");
     std::fs::write(&toml, PIPELINE).unwrap();
-    serve(&[
+    let mut args: Vec<&std::ffi::OsStr> = vec![
         "--pipeline".as_ref(),
         toml.as_os_str(),
         "--batch-size".as_ref(),
@@ -81,7 +85,9 @@ fn start(dir: &Path, state_dir: &Path) -> (Server, String) {
         "2".as_ref(),
         "--state-dir".as_ref(),
         state_dir.as_os_str(),
-    ])
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    serve(&args)
 }
 
 /// Pushes batches `seqs` as producer `p` (batch `k` holds rows `k * PUSH..`).
@@ -192,21 +198,34 @@ fn mean_std(state: &FittedState) -> (f64, f64) {
 
 #[test]
 fn versions_are_fitted_refreshed_and_switched_at_the_same_step_on_every_rank() {
+    // Fitted at the warmup (in effect from row 0), then every 320 rows, each taking
+    // effect at the next step boundary (steps of 64 rows, unshuffled).
+    check_versions(&[], [0, 576, 896, 1216, 1536, 1856]);
+}
+
+#[test]
+fn shuffled_versions_switch_where_no_window_crosses_a_step() {
+    // Windows of 128 rows hold two steps: a version waits for the next window.
+    check_versions(
+        &["--shuffle", "--shuffle-window", "128"],
+        [0, 640, 896, 1280, 1536, 1920],
+    );
+}
+
+fn check_versions(extra: &[&str], from_rows: [u64; 6]) {
     let dir = tempfile::tempdir().unwrap();
     let state_dir = dir.path().join("state");
-    let (_server, uri) = start(dir.path(), &state_dir);
+    let (_server, uri) = start_with(dir.path(), &state_dir, extra);
     let rt = runtime();
     let ranks = rt.block_on(read_ranks(&uri, 0, u64::MAX, async {
         push(&uri, 0..ROWS / PUSH).await;
         end_ingest(&uri).await;
     }));
-    // Fitted at the warmup (in effect from row 0), then every 320 rows, each taking
-    // effect at the next step boundary (steps of 64 rows, unshuffled).
     let log = versions(&state_dir);
     let at: Vec<u64> = log.iter().map(|l| l.2).collect();
     let from: Vec<u64> = log.iter().map(|l| l.3).collect();
     assert_eq!(at, [256, 576, 896, 1216, 1536, 1856]);
-    assert_eq!(from, [0, 576, 896, 1216, 1536, 1856]);
+    assert_eq!(from, from_rows);
     assert_eq!(
         log.iter().map(|l| l.0).collect::<Vec<_>>(),
         [0, 1, 2, 3, 4, 5]
@@ -281,6 +300,19 @@ fn versions_are_fitted_refreshed_and_switched_at_the_same_step_on_every_rank() {
     assert_eq!(p["state_version"], log[5].1, "{p}");
     let missing = rt.block_on(client.state("fresh", 12345));
     assert!(format!("{missing:?}").contains("no state version 12345"));
+    let garbage = rt.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(uri.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let action = arrow_flight::Action::new("state", "{\"version\": \"x\"}");
+        FlightServiceClient::new(channel)
+            .do_action(action)
+            .await
+            .map(|_| ())
+    });
+    assert_eq!(garbage.unwrap_err().code(), tonic::Code::InvalidArgument);
 }
 
 /// A server killed after a commit and restarted replays the spool: it counts the rows

@@ -156,7 +156,8 @@ struct DeliveryArgs {
     #[arg(long)]
     shuffle: bool,
     /// Rows in a shuffle window (`--shuffle-buffer` is the old name of this option).
-    #[arg(long, alias = "shuffle-buffer", default_value_t = 65_536, value_parser = int_in(1u64, 1 << 40))]
+    #[arg(long, alias = "shuffle-buffer", default_value_t = 65_536, requires = "shuffle",
+          value_parser = int_in(1u64, 1 << 40))]
     shuffle_window: u64,
     /// A last step that is not full: `pad` (marked padding rows) or `drop`.
     #[arg(long, default_value = "pad")]
