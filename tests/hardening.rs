@@ -58,7 +58,11 @@ fn arguments_are_checked_before_anything_runs() {
         ("run", vec!["--ranks", "0"], "--ranks"),
         ("run", vec!["--shuffle-window", "0"], "--shuffle-window"),
         // A window without --shuffle would silently not shuffle.
-        ("run", vec!["--shuffle-window", "100"], "not provided: --shuffle"),
+        (
+            "run",
+            vec!["--shuffle-window", "100"],
+            "not provided: --shuffle",
+        ),
         (
             "serve",
             vec!["--max-message-bytes", "0"],

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::RecordBatch;
 use hydrant_flight::ServeError;
-use hydrant_operators::{FeaturePlan, FitPartial, FittedParam, FittedState, Fitter, Step};
+use hydrant_operators::{FeaturePlan, FitPartial, FittedParam, FittedState, Step};
 use serde::{Deserialize, Serialize};
 
 use super::run::lock;
@@ -33,6 +33,9 @@ use super::spool::{state_error, sync_dir};
 use crate::delivery::Placement;
 use crate::error::{Error, Result};
 use crate::spec::{PipelineSpec, StatsSpec};
+
+mod count;
+use count::Counter;
 
 /// The versions' log in the state directory.
 pub const VERSIONS_FILE: &str = "state.versions";
@@ -123,10 +126,9 @@ fn snapshot_file(seq: u64) -> String {
 /// The stream's statistics and the versions made from them.
 pub(super) struct Refresh {
     spec: StatsSpec,
-    plan: Arc<FeaturePlan>,
     pipeline: String,
-    /// The rows since the last refresh point.
-    fitter: Fitter,
+    /// Counts the rows since the last refresh point.
+    counter: Counter,
     /// The rows before it (decayed).
     total: FitPartial,
     /// Rows counted: those before are in `total` or `fitter`.
@@ -187,7 +189,7 @@ impl Refresh {
                 ));
             }
         }
-        let fitter = plan.fitter(0, &FittedState::empty(&pipeline))?;
+        let counter = Counter::start(plan.clone(), &pipeline)?;
         let known = Arc::new(Mutex::new(Known::default()));
         let mut versions = VecDeque::new();
         if let Some(state) = given {
@@ -206,9 +208,8 @@ impl Refresh {
         Ok(Refresh {
             next_at: spec.warmup(),
             spec: spec.clone(),
-            plan,
             pipeline,
-            fitter,
+            counter,
             total: FitPartial::default(),
             counted: 0,
             last_at: 0,
@@ -363,7 +364,7 @@ impl Refresh {
             }
             let slice = batch.slice((pos - first) as usize, (to - pos) as usize);
             if pos >= self.counted {
-                self.fitter.update(&slice).map_err(invalid)?;
+                self.counter.count(slice.clone()).map_err(internal)?;
                 self.counted = to;
             }
             match self.versions.front() {
@@ -394,13 +395,7 @@ impl Refresh {
         out: &mut Vec<Piece>,
     ) -> std::result::Result<(), ServeError> {
         let at = self.counted;
-        let fresh = self
-            .plan
-            .fitter(0, &FittedState::empty(&self.pipeline))
-            .map_err(internal)?;
-        let chunk = std::mem::replace(&mut self.fitter, fresh)
-            .into_partial()
-            .map_err(internal)?;
+        let chunk = self.counter.cut().map_err(internal)?;
         if let Some(half_life) = self.spec.decay {
             self.total
                 .decay(0.5f64.powf((at - self.last_at) as f64 / half_life));
@@ -563,10 +558,6 @@ fn lcm(a: u64, b: u64) -> u64 {
         (x, y) = (y, x % y);
     }
     (a.max(1) / x).saturating_mul(b.max(1))
-}
-
-fn invalid(e: impl std::fmt::Display) -> ServeError {
-    ServeError::InvalidArgument(e.to_string())
 }
 
 fn internal(e: impl std::fmt::Display) -> ServeError {
