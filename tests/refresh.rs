@@ -38,7 +38,7 @@ steps = ["standardize"]
 name = "ids"
 kind = "ids"
 columns = ["c"]
-steps = ["vocab(max_size=12)"]
+steps = ["vocab(max_size=10)"]
 "#;
 
 /// Rows pushed, in pushes of `PUSH` rows.
@@ -289,9 +289,17 @@ fn check_versions(extra: &[&str], from_rows: [u64; 6]) {
         );
     }
     let (first, last) = (vocab(by_seq[0]), vocab(by_seq[5]));
-    assert_eq!((first.1, last.1), (Some(12), Some(12)));
+    assert_eq!((first.1, last.1), (Some(10), Some(10)));
     assert_eq!(first.0.len(), 7, "the warmup saw v0..v6: {first:?}");
-    assert_eq!(last.0.len(), 11, "v0..v10 by row 1856: {last:?}");
+    // v0..v9 by row 1216: full, and no longer counted (v10 is unknown from then on).
+    assert_eq!(vocab(by_seq[3]).0.len(), 10, "{:?}", vocab(by_seq[3]));
+    assert_eq!(last, vocab(by_seq[3]));
+    let kept = std::fs::read_to_string(state_dir.join("stats-5.json")).unwrap();
+    assert!(kept.contains("dense/x/0") && !kept.contains("ids/c/0"));
+    assert!(
+        !state_dir.join("stats-4.json").exists(),
+        "only the last statistics kept"
+    );
     // The moments follow the drifting mean: all rows so far, not the warmup's only.
     assert!(mean_std(by_seq[5]).0 > mean_std(by_seq[0]).0 + 5.0);
     let status = rt.block_on(client.status()).unwrap();
@@ -379,7 +387,7 @@ fn refreshing_what_cannot_be_refreshed_is_refused_at_start() {
         assert!(!out.status.success());
         String::from_utf8(out.stderr).unwrap()
     };
-    let unbounded = PIPELINE.replace("vocab(max_size=12)", "vocab");
+    let unbounded = PIPELINE.replace("vocab(max_size=10)", "vocab");
     let e = serve_err(&unbounded, &[]);
     assert!(e.contains("without max_size"), "{e}");
     let files = PIPELINE.replace("input = \"flight\"", "");

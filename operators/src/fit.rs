@@ -135,6 +135,12 @@ impl Fitter {
         columns
     }
 
+    /// Stops gathering the statistics of `keys` (a refreshed vocabulary that is full
+    /// needs no more counts).
+    pub fn drop_statistics(&mut self, keys: &[String]) {
+        self.targets.retain(|t| !keys.contains(&t.key));
+    }
+
     /// Adds a batch's values to every statistic.
     pub fn update(&mut self, batch: &RecordBatch) -> Result<()> {
         for t in &mut self.targets {
@@ -286,11 +292,22 @@ impl FitPartial {
         }
     }
 
+    /// Forgets the statistics of `keys` (see [`Fitter::drop_statistics`]).
+    pub fn drop_statistics(&mut self, keys: &[String]) {
+        self.entries.retain(|k, _| !keys.contains(k));
+    }
+
     /// Turns the statistics into the next version of `prev`'s parameters (see
-    /// [`Partial::finish_after`]): vocabularies only grow.
+    /// [`Partial::finish_after`]): vocabularies only grow, and a parameter with no
+    /// statistics here (one no longer gathered) stays `prev`'s.
     pub fn finish_after(self, prev: &FittedState, params: &mut BTreeMap<String, FittedParam>) {
         let mut whole = self;
         whole.collapse();
+        for (k, p) in &prev.params {
+            if !whole.entries.contains_key(k) {
+                params.insert(k.clone(), p.clone());
+            }
+        }
         for (k, parts) in whole.entries {
             if let Some((_, p)) = parts.into_iter().next() {
                 let param = p.finish_after(prev.params.get(&k));

@@ -17,6 +17,8 @@ const AHEAD: usize = 16;
 
 enum Job {
     Rows(RecordBatch),
+    /// Stop gathering these statistics.
+    Drop(Vec<String>),
     /// Send back what was counted since the last cut, and start over.
     Cut,
 }
@@ -39,6 +41,7 @@ impl Counter {
             // The first failure is kept until the next cut (the rows were checked
             // against the pipeline before they came: one is a bug, reported there).
             let mut failed: Option<Error> = None;
+            let mut dropped: Vec<String> = Vec::new();
             for job in take {
                 match job {
                     Job::Rows(rows) => {
@@ -48,9 +51,16 @@ impl Counter {
                             failed = Some(e.into());
                         }
                     }
+                    Job::Drop(keys) => {
+                        fitter.drop_statistics(&keys);
+                        dropped.extend(keys);
+                    }
                     Job::Cut => {
                         let fresh = match plan.fitter(0, &empty) {
-                            Ok(f) => f,
+                            Ok(mut f) => {
+                                f.drop_statistics(&dropped);
+                                f
+                            }
                             Err(e) => {
                                 let _ = give.send(Err(e.into()));
                                 return;
@@ -82,6 +92,11 @@ impl Counter {
     /// Counts `rows` (soon).
     pub fn count(&self, rows: RecordBatch) -> Result<()> {
         self.send(Job::Rows(rows))
+    }
+
+    /// Stops gathering the statistics of `keys`, from the rows sent next on.
+    pub fn drop_statistics(&self, keys: Vec<String>) -> Result<()> {
+        self.send(Job::Drop(keys))
     }
 
     /// What was counted since the last cut, once it is all counted.

@@ -129,6 +129,8 @@ pub(super) struct Refresh {
     pipeline: String,
     /// Counts the rows since the last refresh point.
     counter: Counter,
+    /// Vocabularies that are full: no longer counted.
+    full: Vec<String>,
     /// The rows before it (decayed).
     total: FitPartial,
     /// Rows counted: those before are in `total` or `fitter`.
@@ -210,6 +212,7 @@ impl Refresh {
             spec: spec.clone(),
             pipeline,
             counter,
+            full: Vec::new(),
             total: FitPartial::default(),
             counted: 0,
             last_at: 0,
@@ -319,6 +322,9 @@ impl Refresh {
         known.made = last.seq + 1;
         drop(known);
         self.total = snapshot.statistics;
+        if let Some(latest) = self.versions.back().map(|v| v.state.clone()) {
+            self.stop_counting_full(&latest)?;
+        }
         self.counted = last.at;
         self.last_at = last.at;
         // Refresh points are `warmup + k * every`; a given state's line is made at row 0.
@@ -423,6 +429,8 @@ impl Refresh {
             },
             state: state.clone(),
         };
+        // Full vocabularies are not counted on (nor kept in the statistics written).
+        self.stop_counting_full(&state).map_err(internal)?;
         // Written before any row uses it.
         self.save(&version).map_err(internal)?;
         lock(&self.known).add(state.clone());
@@ -443,6 +451,28 @@ impl Refresh {
                 push_from(out, deliver_from, pos, batch, &state);
             }
         }
+        Ok(())
+    }
+
+    /// Stops counting the values of vocabularies `state` has filled: they take no more
+    /// values, so their counts would only grow memory (every distinct value) and time.
+    /// Rows counted from now on do not count them; the next versions keep them as they are.
+    fn stop_counting_full(&mut self, state: &FittedState) -> Result<()> {
+        let full: Vec<String> = state
+            .params
+            .iter()
+            .filter(|(k, p)| {
+                matches!(p, FittedParam::Vocab { values, unknown: Some(max) }
+                    if values.len() as u64 >= *max && !self.full.contains(*k))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        if full.is_empty() {
+            return Ok(());
+        }
+        self.total.drop_statistics(&full);
+        self.counter.drop_statistics(full.clone())?;
+        self.full.extend(full);
         Ok(())
     }
 
