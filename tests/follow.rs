@@ -395,3 +395,78 @@ fn kill_9_while_a_writer_adds_files_loses_and_duplicates_nothing() {
         }
     }
 }
+
+/// `run --follow`: the files in the folder at start and one published while it runs are
+/// featurized as a run over the same files is (the same rows under the same row ids,
+/// each once), until SIGTERM ends the input and pads the last step.
+#[test]
+fn run_follow_delivers_what_a_run_over_the_same_files_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (folder, state) = folder_with_state(dir.path(), &[3000, 2000], 1);
+    let late = common::gen_criteo(dir.path(), 1500, 7);
+    let (out, state_dir) = (dir.path().join("out"), dir.path().join("sd"));
+    let toml = common::criteo_toml();
+    let sink = format!("parquet:{}", out.display());
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .args(["run", "--pipeline", toml.to_str().unwrap(), "--follow"])
+        .args([
+            &folder,
+            &"--state".into(),
+            &state,
+            &"--state-dir".into(),
+            &state_dir,
+        ])
+        .args(["--ranks", "2", "--batch-size", "500", "--sink", &sink])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    publish(&late, &folder, "part-2.parquet");
+    // SIGTERM ends the input once the late file's admission is recorded.
+    let manifest = state_dir.join(hydrant::serve::MANIFEST_FILE);
+    let admitted = || {
+        std::fs::read_to_string(&manifest)
+            .is_ok_and(|m| m.contains(r#"{"event":"end","file":"part-2.parquet","rows":1500}"#))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !admitted() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "part-2 was never admitted"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["rows"], 6500, "{summary}");
+    assert_eq!(summary["files"], 3, "{summary}");
+    assert_eq!(summary["steps_per_rank"], 7, "{summary}");
+    assert_eq!(summary["padded_rows"], 500, "{summary}");
+
+    let reference = dir.path().join("ref");
+    common::hydrant_ok(&[
+        "run",
+        "--pipeline",
+        toml.to_str().unwrap(),
+        "--input",
+        folder.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+        "--ranks",
+        "2",
+        "--batch-size",
+        "500",
+        "--sink",
+        &format!("parquet:{}", reference.display()),
+    ]);
+    let (got, want) = (common::read_output(&out), common::read_output(&reference));
+    assert_eq!(got.len(), 6500);
+    assert!(got == want, "run --follow featurized other rows than run");
+}

@@ -40,6 +40,8 @@ pub fn demo(rows: u64, dir: &Path, step_ms: f64) -> Result<()> {
         state: None,
         sink,
         summary: None,
+        follow: None,
+        state_dir: None,
         delivery: DeliveryArgs {
             ranks: 2,
             batch_size: 4096,

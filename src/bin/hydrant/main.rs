@@ -21,6 +21,7 @@ use serve::ServeArgs;
 
 mod args;
 mod demo;
+mod follow;
 mod serve;
 
 use args::{MAX_BATCH_SIZE, MAX_PREFETCH, MAX_PROCESSES, MAX_RANKS, MAX_WORKERS, float_in, int_in};
@@ -129,6 +130,15 @@ struct RunArgs {
     /// Also write the summary JSON to this file.
     #[arg(long)]
     summary: Option<PathBuf>,
+    /// Stream the Parquet / Arrow IPC files that appear in DIR (instead of --input), as
+    /// `serve --follow` does, until SIGINT or SIGTERM ends the input; sinks `null` and
+    /// `parquet:DIR`. Needs --state, or [stats] mode = "refresh".
+    #[arg(long, value_name = "DIR")]
+    follow: Option<PathBuf>,
+    /// With --follow: record admissions (and refreshed state versions) here, so that a
+    /// restarted run streams the same rows in the same steps.
+    #[arg(long, value_name = "DIR", requires = "follow")]
+    state_dir: Option<PathBuf>,
     #[command(flatten)]
     delivery: DeliveryArgs,
 }
@@ -322,6 +332,14 @@ struct Consumed {
 }
 
 fn run(args: &RunArgs) -> Result<serde_json::Value> {
+    if let Some(folder) = &args.follow {
+        let summary = follow::run_follow(args, folder)?;
+        if let Some(path) = &args.summary {
+            std::fs::write(path, format!("{summary}\n"))
+                .map_err(|e| Error::Usage(format!("--summary {}: {e}", path.display())))?;
+        }
+        return Ok(summary);
+    }
     let started = Instant::now();
     let sink: SinkSpec = args.sink.parse()?;
     let pipeline = prepare(&args.common, args.state.as_deref(), Some(&args.delivery))?;

@@ -155,7 +155,15 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     }
     let mut on_cluster = None;
     let served = if pushed {
-        ingest_pipeline(args, spec.clone())?
+        let follows = args.follow.is_some();
+        let state = args.state.as_deref();
+        streamed_pipeline(
+            spec.clone(),
+            &args.common.input,
+            state,
+            &args.delivery,
+            follows,
+        )?
     } else {
         let pipeline = prepare(&args.common, args.state.as_deref(), Some(&args.delivery))?;
         let cluster = pipeline.cluster().clone();
@@ -373,7 +381,7 @@ fn parse_ttl(text: &str) -> std::result::Result<Duration, String> {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -392,19 +400,26 @@ async fn shutdown_signal() {
     eprintln!("hydrant: shutting down");
 }
 
-/// A pipeline whose input is pushed over Flight: needs a state, takes no files.
-fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serve::ServedPipeline> {
-    let what = match args.follow {
-        Some(_) => "follows a folder (--follow)",
-        None => "takes pushed input (input = \"flight\")",
+/// A pipeline whose input is pushed over Flight or read from a followed folder (`follows`):
+/// takes no files, and needs a state unless its statistics are refreshed.
+pub(crate) fn streamed_pipeline(
+    spec: PipelineSpec,
+    input: &[PathBuf],
+    state: Option<&std::path::Path>,
+    d: &DeliveryArgs,
+    follows: bool,
+) -> Result<hydrant::serve::ServedPipeline> {
+    let what = match follows {
+        true => "follows a folder (--follow)",
+        false => "takes pushed input (input = \"flight\")",
     };
-    if !args.common.input.is_empty() {
+    if !input.is_empty() {
         return Err(Error::Usage(format!(
             "pipeline `{}` {what}: give no --input",
             spec.name
         )));
     }
-    let path = args.state.as_deref();
+    let path = state;
     if path.is_none() && !spec.stats.refreshes() {
         return Err(Error::Usage(format!(
             "pipeline `{}` {what}: give --state, or fit its first state on the first rows \
@@ -413,7 +428,6 @@ fn ingest_pipeline(args: &ServeArgs, spec: PipelineSpec) -> Result<hydrant::serv
         )));
     }
     let state = path.map(read_state).transpose()?;
-    let d = &args.delivery;
     let options = d.options(hydrant::runtime::Cluster::local(1))?;
     options.check_memory(&spec.plan(&spec.nominal_schema())?.output_schema())?;
     let plan = hydrant::delivery::EpochPlan::new(
