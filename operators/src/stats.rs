@@ -386,8 +386,9 @@ impl Partial {
     }
 
     /// The parameters this statistic yields as the next version of `prev` (`None`: the
-    /// first): a vocabulary grows from `prev`'s (see [`Tally::grow`]) and its unknown
-    /// index stays at its `max_size`; other parameters are fitted anew.
+    /// first): a vocabulary grows from `prev`'s (each of its values keeps its index, see
+    /// `Tally::grow`) and its unknown index stays at its `max_size`; other parameters are
+    /// fitted anew.
     pub fn finish_after(self, prev: Option<&FittedParam>) -> FittedParam {
         match (self, prev) {
             (

@@ -349,6 +349,13 @@ impl Refresh {
         let mut out = Vec::new();
         let end = first + batch.num_rows() as u64;
         let mut pos = first;
+        if self.counted < first {
+            // `keep_in` refuses a replay that starts past the statistics' row: a bug.
+            return Err(internal(format!(
+                "stream rows {}..{first} were never counted into the statistics",
+                self.counted
+            )));
+        }
         loop {
             if pos == self.next_at && self.counted == pos {
                 self.refresh(deliver_from, &mut out)?;
