@@ -392,17 +392,7 @@ fn a_state_is_checked_against_its_version_and_invariants() {
         .find(|(_, p)| matches!(p, FittedParam::Vocab { .. }))
         .unwrap();
     let values: Vocabulary = ["a", "b", "a"].into_iter().collect();
-    std::fs::write(
-        &state,
-        rebuilt(
-            vocab_key,
-            FittedParam::Vocab {
-                values,
-                unknown: None,
-            },
-        ),
-    )
-    .unwrap();
+    std::fs::write(&state, rebuilt(vocab_key, FittedParam::Vocab { values })).unwrap();
     let err = run(state_s);
     assert!(err.contains("`a` appears twice"), "{err}");
 

@@ -182,10 +182,10 @@ fn versions(state_dir: &Path) -> Vec<(u64, u64, u64, u64)> {
 
 fn vocab(state: &FittedState) -> (Vec<String>, Option<u64>) {
     match &state.params["ids/c/0"] {
-        FittedParam::Vocab { values, unknown } => {
-            (values.iter().map(String::from).collect(), *unknown)
+        FittedParam::BoundedVocab { values, unknown } => {
+            (values.iter().map(String::from).collect(), Some(*unknown))
         }
-        other => panic!("not a vocabulary: {other:?}"),
+        other => panic!("not a bounded vocabulary: {other:?}"),
     }
 }
 

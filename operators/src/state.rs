@@ -34,16 +34,32 @@ pub enum FittedParam {
         /// Boundaries.
         boundaries: Vec<f64>,
     },
-    /// Vocabulary, index order.
+    /// Vocabulary, index order; unseen and null values take the index after the last.
     Vocab {
         /// Values; a value's position is its index.
         values: Vocabulary,
-        /// The index unseen and null values take; `None`: the number of values. A
-        /// refreshed vocabulary keeps it at its `max_size`, so that it means the same in
-        /// every version while values are added.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        unknown: Option<u64>,
     },
+    /// Vocabulary whose unseen and null values take a fixed index: a refreshed
+    /// vocabulary's `max_size`, which means the same in every version while values are
+    /// added. (A variant of its own, not an optional field of `Vocab`: the states that
+    /// cross processes are encoded with bincode, where a field left out is not allowed.)
+    BoundedVocab {
+        /// Values; a value's position is its index.
+        values: Vocabulary,
+        /// The index of values not in it: at least their number.
+        unknown: u64,
+    },
+}
+
+impl FittedParam {
+    /// A vocabulary's values and fixed unknown index (`None`: after its last value).
+    pub fn vocabulary(&self) -> Option<(&Vocabulary, Option<u64>)> {
+        match self {
+            FittedParam::Vocab { values } => Some((values, None)),
+            FittedParam::BoundedVocab { values, unknown } => Some((values, Some(*unknown))),
+            _ => None,
+        }
+    }
 }
 
 /// Everything fitting learned for one pipeline.
@@ -162,8 +178,10 @@ impl FittedState {
                         return bad("quantile boundaries must be finite and ascending");
                     }
                 }
-                FittedParam::Vocab { values, unknown } => {
-                    if unknown.is_some_and(|u| u < values.len() as u64) {
+                FittedParam::Vocab { values } | FittedParam::BoundedVocab { values, .. } => {
+                    if let Some((_, Some(u))) = param.vocabulary()
+                        && u < values.len() as u64
+                    {
                         return bad("a vocabulary's unknown index is one of its values'");
                     }
                     // foldhash, not std's SipHash: SipHash inserts were about a sixth of the
@@ -206,13 +224,43 @@ mod tests {
             FittedState::key("ids", "c0", 0),
             FittedParam::Vocab {
                 values: ["a", "b"].into_iter().collect(),
-                unknown: None,
             },
         );
         let state = FittedState::new("criteo", params);
         let back = FittedState::from_json(&state.to_json()).unwrap();
         assert_eq!(back, state);
         assert_ne!(state.version, FittedState::empty("criteo").version);
+    }
+
+    /// Every kind of parameter survives bincode, the encoding of the states that cross a
+    /// cluster's processes (a field serde may leave out would desynchronize it).
+    #[test]
+    fn every_parameter_crosses_processes() {
+        let values: Vocabulary = ["a", "b"].into_iter().collect();
+        let params = [
+            FittedParam::Standardize {
+                mean: 1.5,
+                std: 0.25,
+            },
+            FittedParam::MinMax {
+                min: -1.0,
+                max: 2.0,
+            },
+            FittedParam::Quantiles {
+                boundaries: vec![0.5, 1.5],
+            },
+            FittedParam::Vocab {
+                values: values.clone(),
+            },
+            FittedParam::BoundedVocab { values, unknown: 7 },
+        ];
+        for param in params {
+            // Followed by another value, as in a map: a misread length shows there too.
+            let pair = (param.clone(), 42u64);
+            let bytes = bincode::serialize(&pair).unwrap();
+            let back: (FittedParam, u64) = bincode::deserialize(&bytes).unwrap();
+            assert_eq!(back, pair);
+        }
     }
 
     /// The streamed hash is the hash of the whole JSON, as versions always were.
@@ -222,10 +270,7 @@ mod tests {
         let values: Vocabulary = (0..50_000).map(|i| format!("v\"{i}")).collect();
         params.insert(
             FittedState::key("ids", "c0", 0),
-            FittedParam::Vocab {
-                values,
-                unknown: None,
-            },
+            FittedParam::Vocab { values },
         );
         let bytes = serde_json::to_vec(&params).unwrap();
         assert!(bytes.len() > 64 << 10, "more than the buffer");

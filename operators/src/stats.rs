@@ -400,13 +400,16 @@ impl Partial {
                 prev,
             ) => {
                 let empty = Vocabulary::new();
-                let prev = match prev {
-                    Some(FittedParam::Vocab { values, .. }) => values,
-                    _ => &empty,
-                };
-                FittedParam::Vocab {
-                    values: counts.grow(prev, max_size, min_count),
-                    unknown: max_size.map(|m| m as u64),
+                let prev = prev
+                    .and_then(FittedParam::vocabulary)
+                    .map_or(&empty, |(v, _)| v);
+                let values = counts.grow(prev, max_size, min_count);
+                match max_size {
+                    Some(max) => FittedParam::BoundedVocab {
+                        values,
+                        unknown: max as u64,
+                    },
+                    None => FittedParam::Vocab { values },
                 }
             }
             (partial, _) => partial.finish(),
@@ -443,7 +446,6 @@ impl Partial {
                 counts,
             } => FittedParam::Vocab {
                 values: counts.most_frequent(max_size, min_count),
-                unknown: None,
             },
         }
     }
@@ -502,7 +504,7 @@ mod tests {
                 }
             }
             p.merge(q);
-            let FittedParam::Vocab { values, .. } = p.finish() else {
+            let FittedParam::Vocab { values } = p.finish() else {
                 panic!()
             };
             assert_eq!(

@@ -77,15 +77,15 @@ impl FeaturePlan {
                 let chain = &steps[..steps.len() - one_hot.is_some() as usize];
                 let b = match (c.source, chain.last()) {
                     (Source::Str, Some(step @ Step::Vocab { .. })) => {
-                        match param(state, name, col, 0, step)? {
-                            FittedParam::Vocab { values, unknown } => Bound::Str(
+                        match param(state, name, col, 0, step)?.vocabulary() {
+                            Some((values, unknown)) => Bound::Str(
                                 Arc::new(Lookup::Vocab(
                                     vocabs.next().unwrap_or_else(|| VocabIndex::new(values)),
                                     unknown.map_or(values.len() as i64, |u| u as i64),
                                 )),
                                 DictCache::default(),
                             ),
-                            _ => return Err(wrong_param(name, col, step)),
+                            None => return Err(wrong_param(name, col, step)),
                         }
                     }
                     (Source::Str, Some(Step::HashBucket(n))) => {
@@ -152,7 +152,9 @@ impl FeaturePlan {
             };
             for c in g.columns.iter().filter(|c| c.source == Source::Str) {
                 match param(state, &g.spec.name, &c.name, 0, step) {
-                    Ok(FittedParam::Vocab { values, .. }) => lists.push(values),
+                    Ok(p) if p.vocabulary().is_some() => {
+                        lists.extend(p.vocabulary().map(|(values, _)| values))
+                    }
                     _ => break 'groups,
                 }
             }

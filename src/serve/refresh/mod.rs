@@ -469,8 +469,8 @@ impl Refresh {
             .params
             .iter()
             .filter(|(k, p)| {
-                matches!(p, FittedParam::Vocab { values, unknown: Some(max) }
-                    if values.len() as u64 >= *max && !self.full.contains(*k))
+                matches!(p, FittedParam::BoundedVocab { values, unknown }
+                    if values.len() as u64 >= *unknown && !self.full.contains(*k))
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -520,8 +520,11 @@ impl Refresh {
 fn with_unknown(state: FittedState, unknown: &BTreeMap<String, u64>) -> FittedState {
     let mut params = state.params;
     for (key, param) in params.iter_mut() {
-        if let (FittedParam::Vocab { unknown: u, .. }, Some(&max)) = (param, unknown.get(key)) {
-            *u = Some(max);
+        if let (Some((values, _)), Some(&max)) = (param.vocabulary(), unknown.get(key)) {
+            *param = FittedParam::BoundedVocab {
+                values: values.clone(),
+                unknown: max,
+            };
         }
     }
     FittedState::new(&state.pipeline, params)
