@@ -205,6 +205,9 @@ fn a_resumed_run_matches_the_uninterrupted_one() {
         let (e, s) = (epoch.to_string(), step.to_string());
         let mut args: Vec<&str> = base.to_vec();
         if !shuffle {
+            // In order: no shuffle, and so no window (a window alone is refused).
+            let window = args.iter().position(|a| *a == "--shuffle-window").unwrap();
+            args.drain(window..window + 2);
             args.retain(|a| *a != "--shuffle");
         }
         let reference = if shuffle {
