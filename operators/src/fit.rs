@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bind::{bind_numeric, column, numeric_values};
 use crate::error::Result;
-use crate::kernels::categorical::{for_each_str, keys_as_i64, same_array};
+use crate::kernels::categorical::{for_each_str, keys_as_i64, same_array, strs};
 use crate::kernels::numeric::{NumOp, chain_visit};
 use crate::plan::{FeaturePlan, Source};
 use crate::state::{FittedParam, FittedState};
@@ -242,15 +242,9 @@ fn flush(pending: &mut Option<(ArrayRef, Vec<u64>)>, partial: &mut Partial) -> R
     let Some((values, counts)) = pending.take() else {
         return Ok(());
     };
-    let mut i = 0;
-    for_each_str(values.as_ref(), |v| {
-        if let Some(v) = v
-            && counts[i] > 0
-        {
-            partial.add_string(v, counts[i]);
-        }
-        i += 1;
-    })
+    let seen = strs(values.as_ref())?.zip(counts);
+    partial.add_strings(seen.filter_map(|(v, c)| v.filter(|_| c > 0).map(|v| (v, c))));
+    Ok(())
 }
 
 impl FitPartial {

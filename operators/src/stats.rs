@@ -139,15 +139,23 @@ impl Tally {
         }
     }
 
+    /// Adds each `(value, count)`: [`Tally::add`] for each, their lookups batched.
+    pub fn add_all<'a>(&mut self, values: impl IntoIterator<Item = (&'a str, u64)>) {
+        let counts = &mut self.counts;
+        self.index
+            .intern_all(values, |i, count| match counts.get_mut(i) {
+                Some(c) => *c += count,
+                None => counts.push(count),
+            });
+    }
+
     /// Folds another tally into this one.
     pub fn merge(&mut self, other: Tally) {
         if self.is_empty() {
             *self = other;
             return;
         }
-        for (value, count) in other.iter() {
-            self.add(value, count);
-        }
+        self.add_all(other.iter());
     }
 
     /// The distinct values seen.
@@ -324,6 +332,13 @@ impl Partial {
     pub fn add_string(&mut self, value: &str, count: u64) {
         if let Partial::Counts { counts, .. } = self {
             counts.add(value, count);
+        }
+    }
+
+    /// [`Partial::add_string`] for each `(value, count)`, their lookups batched.
+    pub fn add_strings<'a>(&mut self, values: impl IntoIterator<Item = (&'a str, u64)>) {
+        if let Partial::Counts { counts, .. } = self {
+            counts.add_all(values);
         }
     }
 

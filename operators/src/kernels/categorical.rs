@@ -7,6 +7,7 @@
 use arrow::array::{Array, ArrayRef, AsArray, Int32Array, Int64Array};
 use arrow::datatypes::DataType;
 
+use super::table::{BATCH, Key, Table};
 use crate::error::{OpError, Result};
 use crate::vocabulary::Vocabulary;
 
@@ -16,32 +17,23 @@ type FastHash = foldhash::fast::FixedState;
 
 /// A fitted vocabulary ready for lookups.
 ///
-/// The table holds indices into the [`Vocabulary`]'s one buffer (hashbrown's `HashTable`
-/// is what lets a table of indices be searched by the bytes they point at): no allocation
-/// per value and no copy of the buffer, so binding a state of hundreds of thousands of
-/// values is one pass of hashing. A short value (most categorical values: Criteo's are 8
-/// hex digits) is also kept in its entry, so that a lookup compares against the entry it
-/// probes instead of reading the value's bounds and bytes from the buffer (two more
-/// places in memory per lookup; the featurize pass of 1M Criteo rows went from 0.33 to
-/// 0.32 s with it).
+/// The table holds indices into the [`Vocabulary`]'s one buffer: no allocation per value
+/// and no copy of the buffer, so binding a state of hundreds of thousands of values is
+/// one pass of hashing. A short value (most categorical values: Criteo's are 8 hex digits)
+/// is also kept in its entry, so that a lookup compares against the entry it probes
+/// instead of reading the value's bounds and bytes from the buffer (two more places in
+/// memory per lookup; the featurize pass of 1M Criteo rows went from 0.33 to 0.32 s with
+/// it). A dictionary's values are looked up or interned in batches ([`Self::find_all`],
+/// [`Self::intern_all`]), each batch's slots prefetched before it is probed.
 #[derive(Debug, Clone, Default)]
 pub struct VocabIndex {
     values: Vocabulary,
-    table: hashbrown::HashTable<Slot>,
-}
-
-/// A table entry: a value's index and its [`Key`].
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    key: Key,
-    index: u32,
+    table: Table,
 }
 
 /// A value of at most 15 bytes, zero-padded, with its length in the last byte; or a
 /// longer value's first 15 bytes, with [`LONG`] in the last byte. As two little-endian
 /// words: bytes 0..8, then bytes 8..16.
-type Key = [u64; 2];
-
 /// The last byte of a [`Key`] whose value is longer than it holds.
 const LONG: u8 = u8::MAX;
 
@@ -69,7 +61,7 @@ fn key_of(bytes: &[u8]) -> Key {
 }
 
 /// A key's 16 bytes.
-#[inline]
+#[cfg(test)]
 fn key_bytes(key: &Key) -> [u8; 16] {
     let mut out = [0u8; 16];
     out[..8].copy_from_slice(&key[0].to_le_bytes());
@@ -88,13 +80,20 @@ impl VocabIndex {
     pub fn new(values: &Vocabulary) -> Self {
         let mut index = VocabIndex {
             values: values.clone(), // shares the buffer
-            table: hashbrown::HashTable::with_capacity(values.len()),
+            table: Table::with_capacity(values.len()),
         };
-        for i in 0..values.len() {
-            let bytes = value_bytes(values, i as u32);
-            let h = hash(bytes);
-            if index.find(h, bytes).is_none() {
-                index.insert(h, bytes, i);
+        let mut batch = Vec::with_capacity(BATCH);
+        for first in (0..values.len()).step_by(BATCH) {
+            for i in first..(first + BATCH).min(values.len()) {
+                let bytes = value_bytes(values, i as u32);
+                let h = hash(bytes);
+                index.table.prefetch(h);
+                batch.push((i, h, bytes));
+            }
+            for (i, h, bytes) in batch.drain(..) {
+                if index.find(h, bytes).is_none() {
+                    index.insert(h, bytes, i);
+                }
             }
         }
         index
@@ -102,8 +101,66 @@ impl VocabIndex {
 
     /// The index of `value`, appended (with the next index) if it is not there yet.
     pub fn intern(&mut self, value: &str) -> usize {
+        self.intern_hashed(hash(value.as_bytes()), value)
+    }
+
+    /// Interns the value of every item, calling `f` with its index and the rest of the
+    /// item, in order: what [`Self::intern`] does for each, with a batch of values hashed
+    /// and their slots prefetched ahead of their probes.
+    pub fn intern_all<'a, T>(
+        &mut self,
+        items: impl IntoIterator<Item = (&'a str, T)>,
+        mut f: impl FnMut(usize, T),
+    ) {
+        let mut items = items.into_iter();
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            for (value, item) in items.by_ref().take(BATCH) {
+                let h = hash(value.as_bytes());
+                self.table.prefetch(h);
+                batch.push((h, value, item));
+            }
+            if batch.is_empty() {
+                return;
+            }
+            for (h, value, item) in batch.drain(..) {
+                f(self.intern_hashed(h, value), item);
+            }
+        }
+    }
+
+    /// Sets `out[i]` to the index of the `i`-th value (`missing` where it is not in the
+    /// vocabulary), leaving null values' slots as they are: a batch of values is hashed and
+    /// their slots prefetched ahead of their probes.
+    pub fn find_all<'a>(
+        &self,
+        values: impl IntoIterator<Item = Option<&'a str>>,
+        missing: i64,
+        out: &mut [i64],
+    ) {
+        let mut values = values.into_iter().enumerate();
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            for (i, value) in values.by_ref().take(BATCH) {
+                if let Some(value) = value {
+                    let h = hash(value.as_bytes());
+                    self.table.prefetch(h);
+                    batch.push((i, h, value.as_bytes()));
+                }
+            }
+            if batch.is_empty() {
+                return;
+            }
+            for (i, h, bytes) in batch.drain(..) {
+                if let Some(o) = out.get_mut(i) {
+                    *o = self.find(h, bytes).unwrap_or(missing);
+                }
+            }
+        }
+    }
+
+    fn intern_hashed(&mut self, h: u64, value: &str) -> usize {
         let bytes = value.as_bytes();
-        let h = hash(bytes);
         if let Some(i) = self.find(h, bytes) {
             return i as usize;
         }
@@ -132,27 +189,20 @@ impl VocabIndex {
     fn find(&self, hash: u64, bytes: &[u8]) -> Option<i64> {
         let key = key_of(bytes);
         self.table
-            .find(hash, |s| {
-                s.key == key
-                    && (key_len(&key) != LONG || value_bytes(&self.values, s.index) == bytes)
+            .find(hash, &key, key_len(&key) == LONG, |i| {
+                value_bytes(&self.values, i) == bytes
             })
-            .map(|s| s.index as i64)
+            .map(i64::from)
     }
 
     /// Adds value `index` (whose bytes are `bytes`), known not to be in the table.
     fn insert(&mut self, hash: u64, bytes: &[u8], index: usize) {
-        // More than 2^32 values would take hundreds of GiB before they got here.
-        let index = u32::try_from(index).expect("a vocabulary of more than 2^32 values");
-        let values = &self.values;
-        let slot = Slot {
-            key: key_of(bytes),
-            index,
-        };
-        self.table
-            .insert_unique(hash, slot, |s| match key_len(&s.key) {
-                LONG => self::hash(value_bytes(values, s.index)),
-                n => self::hash(&key_bytes(&s.key)[..n as usize]),
-            });
+        // More than 2^32 - 1 values would take hundreds of GiB before they got here.
+        let index = u32::try_from(index)
+            .ok()
+            .filter(|&i| i < u32::MAX)
+            .expect("a vocabulary of fewer than 2^32 - 1 values");
+        self.table.insert_new(hash, key_of(bytes), index);
     }
 }
 
@@ -228,6 +278,47 @@ pub fn for_each_str(array: &dyn Array, mut f: impl FnMut(Option<&str>)) -> Resul
     Ok(())
 }
 
+/// The slots of a plain string array, `None` for nulls: for callers that need an iterator
+/// (batched lookups); [`for_each_str`] is the faster loop where a closure will do.
+pub fn strs(array: &dyn Array) -> Result<Strs<'_>> {
+    Ok(match array.data_type() {
+        DataType::Utf8 => Strs::Utf8(array.as_string::<i32>().iter()),
+        DataType::LargeUtf8 => Strs::Large(array.as_string::<i64>().iter()),
+        DataType::Utf8View => Strs::View(array.as_string_view().iter()),
+        other => {
+            return Err(OpError::Schema(format!(
+                "expected a string column, found {other}"
+            )));
+        }
+    })
+}
+
+/// An iterator over a string array of any layout (see [`strs`]).
+pub enum Strs<'a> {
+    /// `Utf8`.
+    Utf8(StringArrayIter<'a, i32>),
+    /// `LargeUtf8`.
+    Large(StringArrayIter<'a, i64>),
+    /// `Utf8View`.
+    View(arrow::array::ArrayIter<&'a arrow::array::StringViewArray>),
+}
+
+/// A `GenericStringArray`'s iterator.
+type StringArrayIter<'a, O> = arrow::array::ArrayIter<&'a arrow::array::GenericStringArray<O>>;
+
+impl<'a> Iterator for Strs<'a> {
+    type Item = Option<&'a str>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Strs::Utf8(i) => i.next(),
+            Strs::Large(i) => i.next(),
+            Strs::View(i) => i.next(),
+        }
+    }
+}
+
 /// Maps every slot of a string (or dictionary-of-string) column to its index.
 pub fn strings_to_index(
     array: &dyn Array,
@@ -242,13 +333,18 @@ pub fn strings_to_index(
         let hit = matches!(&cache.last, Some((v, _)) if same_array(v, values));
         if !hit {
             let mut mapped = vec![missing; values.len()];
-            let mut i = 0;
-            for_each_str(values.as_ref(), |v| {
-                if let Some(v) = v {
-                    mapped[i] = lookup.index(v.as_bytes());
+            match lookup {
+                Lookup::Vocab(v, _) => v.find_all(strs(values.as_ref())?, missing, &mut mapped),
+                Lookup::Hash(_) => {
+                    let mut i = 0;
+                    for_each_str(values.as_ref(), |v| {
+                        if let Some(v) = v {
+                            mapped[i] = lookup.index(v.as_bytes());
+                        }
+                        i += 1;
+                    })?
                 }
-                i += 1;
-            })?;
+            }
             cache.last = Some((values.clone(), mapped));
         }
         let mapped = cache
@@ -269,7 +365,7 @@ pub fn strings_to_index(
                     .unwrap_or(missing);
             }
         }
-        if let Some(nulls) = keys.logical_nulls() {
+        if let Some(nulls) = keys.logical_nulls().filter(|n| n.null_count() > 0) {
             out.iter_mut()
                 .zip(nulls.iter())
                 .for_each(|(o, valid)| *o = if valid { *o } else { missing });
