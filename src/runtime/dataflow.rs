@@ -14,9 +14,9 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hydrant_operators::{
@@ -158,6 +158,9 @@ pub struct Job {
     pub featurized: Arc<AtomicU64>,
     /// Where the run's first error is left (loaders pass it on to their trainers).
     pub errors: ErrorSlot,
+    /// The state this run fitted, bound once for every worker of the process (binding
+    /// builds the vocabulary indexes, the slow part, on every core already).
+    fitted_binding: Mutex<Option<Transformer>>,
 }
 
 impl Job {
@@ -182,7 +185,23 @@ impl Job {
             progress: Default::default(),
             featurized: Default::default(),
             errors: ErrorSlot::default(),
+            fitted_binding: Mutex::default(),
         }
+    }
+
+    /// `fitted` bound to the plan: by the first worker to ask, the others waiting for it
+    /// and sharing its vocabulary indexes (a failure is met again by each).
+    fn bind_fitted(&self, fitted: &FittedState) -> Result<Transformer> {
+        let mut bound = self
+            .fitted_binding
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(t) = bound.as_ref() {
+            return Ok(t.clone());
+        }
+        let t = self.plan.transformer(fitted)?;
+        *bound = Some(t.clone());
+        Ok(t)
     }
 }
 
@@ -353,7 +372,7 @@ fn run_worker(
     let transformer = match (&job.bound, &job.output) {
         (_, None) => None,
         (Some(t), _) => Some(t.clone()),
-        (None, _) => Some(job.plan.transformer(state)?),
+        (None, _) => Some(job.bind_fitted(state)?),
     };
     report.state = fitted;
     let (Some(output), Some(transformer)) = (&job.output, transformer) else {
