@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
@@ -162,19 +163,34 @@ impl FeaturePlan {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, lists.len().max(1));
-        let per = lists.len().div_ceil(threads).max(1);
-        std::thread::scope(|s| {
-            let handles: Vec<_> = lists
-                .chunks(per)
-                .map(|chunk| {
-                    s.spawn(move || chunk.iter().map(|v| VocabIndex::new(v)).collect::<Vec<_>>())
+        // Largest first, each thread taking the next from a shared counter: a few large
+        // vocabularies are most of the work (Criteo: 5 of 26 hold 80% of the values), and
+        // equal shares of columns left one thread with three of them.
+        let mut order: Vec<usize> = (0..lists.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(lists[i].len()));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let built: Vec<(usize, VocabIndex)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+                            mine.push((i, VocabIndex::new(lists[i])));
+                        }
+                        mine
+                    })
                 })
                 .collect();
             handles
                 .into_iter()
                 .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                 .collect()
-        })
+        });
+        let mut indexes: Vec<Option<VocabIndex>> = (0..lists.len()).map(|_| None).collect();
+        for (i, index) in built {
+            indexes[i] = Some(index);
+        }
+        indexes.into_iter().flatten().collect()
     }
 }
 
