@@ -138,18 +138,16 @@ impl VocabIndex {
         missing: i64,
         out: &mut [i64],
     ) {
-        let mut values = values.into_iter().enumerate();
+        let mut values = values.into_iter().enumerate().peekable();
         let mut batch = Vec::with_capacity(BATCH);
-        loop {
+        // Until the values run out: a batch may be empty (all nulls) with more to come.
+        while values.peek().is_some() {
             for (i, value) in values.by_ref().take(BATCH) {
                 if let Some(value) = value {
                     let h = hash(value.as_bytes());
                     self.table.prefetch(h);
                     batch.push((i, h, value.as_bytes()));
                 }
-            }
-            if batch.is_empty() {
-                return;
             }
             for (i, h, bytes) in batch.drain(..) {
                 if let Some(o) = out.get_mut(i) {
@@ -516,6 +514,25 @@ mod tests {
                     .collect();
                 assert_eq!(out, want8);
             }
+        }
+    }
+
+    /// Null values (a run longer than a batch of probes included) are skipped, and the
+    /// values after them still found.
+    #[test]
+    fn values_after_a_long_run_of_nulls_are_found() {
+        let lookup = Lookup::Vocab(VocabIndex::new(&["a", "b"].into_iter().collect()), 2);
+        for nulls in [0, 1, 31, 32, 33, 64, 100] {
+            let mut values: Vec<Option<&str>> = vec![Some("b")];
+            values.extend(std::iter::repeat_n(None, nulls));
+            values.extend([Some("a"), Some("x")]);
+            let n = values.len() as i32;
+            let keys = Int32Array::from(vec![0, n - 2, n - 1, 1.min(n - 1)]);
+            let dict = DictionaryArray::new(keys, Arc::new(StringArray::from(values)));
+            let mut out = vec![0; 4];
+            strings_to_index(&dict, &lookup, &mut DictCache::default(), &mut out).unwrap();
+            let null_slot = if nulls > 0 { 2 } else { 0 };
+            assert_eq!(out, [1, 0, 2, null_slot], "{nulls} nulls");
         }
     }
 
