@@ -179,8 +179,8 @@ impl FittedState {
                     }
                 }
                 FittedParam::Vocab { values } | FittedParam::BoundedVocab { values, .. } => {
-                    if let Some((_, Some(u))) = param.vocabulary()
-                        && u < values.len() as u64
+                    if let FittedParam::BoundedVocab { unknown, .. } = param
+                        && *unknown < values.len() as u64
                     {
                         return bad("a vocabulary's unknown index is one of its values'");
                     }

@@ -152,10 +152,8 @@ impl FeaturePlan {
                 continue;
             };
             for c in g.columns.iter().filter(|c| c.source == Source::Str) {
-                match param(state, &g.spec.name, &c.name, 0, step) {
-                    Ok(p) if p.vocabulary().is_some() => {
-                        lists.extend(p.vocabulary().map(|(values, _)| values))
-                    }
+                match param(state, &g.spec.name, &c.name, 0, step).map(|p| p.vocabulary()) {
+                    Ok(Some((values, _))) => lists.push(values),
                     _ => break 'groups,
                 }
             }
@@ -169,7 +167,7 @@ impl FeaturePlan {
         let mut order: Vec<usize> = (0..lists.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(lists[i].len()));
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let built: Vec<(usize, VocabIndex)> = std::thread::scope(|s| {
+        let mut built: Vec<(usize, VocabIndex)> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
                 .map(|_| {
                     s.spawn(|| {
@@ -186,11 +184,8 @@ impl FeaturePlan {
                 .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                 .collect()
         });
-        let mut indexes: Vec<Option<VocabIndex>> = (0..lists.len()).map(|_| None).collect();
-        for (i, index) in built {
-            indexes[i] = Some(index);
-        }
-        indexes.into_iter().flatten().collect()
+        built.sort_unstable_by_key(|&(i, _)| i);
+        built.into_iter().map(|(_, index)| index).collect()
     }
 }
 

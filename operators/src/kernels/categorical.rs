@@ -7,7 +7,7 @@
 use arrow::array::{Array, ArrayRef, AsArray, Int32Array, Int64Array};
 use arrow::datatypes::DataType;
 
-use super::table::{BATCH, Key, Table};
+use super::table::{Key, Table};
 use crate::error::{OpError, Result};
 use crate::vocabulary::Vocabulary;
 
@@ -82,15 +82,13 @@ impl VocabIndex {
             values: values.clone(), // shares the buffer
             table: Table::with_capacity(values.len()),
         };
-        let mut batch = Vec::with_capacity(BATCH);
-        for first in (0..values.len()).step_by(BATCH) {
-            for i in first..(first + BATCH).min(values.len()) {
-                let bytes = value_bytes(values, i as u32);
-                let h = hash(bytes);
-                index.table.prefetch(h);
-                batch.push((i, h, bytes));
-            }
-            for (i, h, bytes) in batch.drain(..) {
+        let mut items = (0..values.len()).map(|i| {
+            let bytes = value_bytes(values, i as u32);
+            (hash(bytes), (i, bytes))
+        });
+        let mut batch = Vec::new();
+        while index.table.stage(&mut items, &mut batch) {
+            for (h, (i, bytes)) in batch.drain(..) {
                 if index.find(h, bytes).is_none() {
                     index.insert(h, bytes, i);
                 }
@@ -112,18 +110,12 @@ impl VocabIndex {
         items: impl IntoIterator<Item = (&'a str, T)>,
         mut f: impl FnMut(usize, T),
     ) {
-        let mut items = items.into_iter();
-        let mut batch = Vec::with_capacity(BATCH);
-        loop {
-            for (value, item) in items.by_ref().take(BATCH) {
-                let h = hash(value.as_bytes());
-                self.table.prefetch(h);
-                batch.push((h, value, item));
-            }
-            if batch.is_empty() {
-                return;
-            }
-            for (h, value, item) in batch.drain(..) {
+        let mut items = items
+            .into_iter()
+            .map(|(v, item)| (hash(v.as_bytes()), (v, item)));
+        let mut batch = Vec::new();
+        while self.table.stage(&mut items, &mut batch) {
+            for (h, (value, item)) in batch.drain(..) {
                 f(self.intern_hashed(h, value), item);
             }
         }
@@ -138,18 +130,11 @@ impl VocabIndex {
         missing: i64,
         out: &mut [i64],
     ) {
-        let mut values = values.into_iter().enumerate().peekable();
-        let mut batch = Vec::with_capacity(BATCH);
-        // Until the values run out: a batch may be empty (all nulls) with more to come.
-        while values.peek().is_some() {
-            for (i, value) in values.by_ref().take(BATCH) {
-                if let Some(value) = value {
-                    let h = hash(value.as_bytes());
-                    self.table.prefetch(h);
-                    batch.push((i, h, value.as_bytes()));
-                }
-            }
-            for (i, h, bytes) in batch.drain(..) {
+        let mut items = (values.into_iter().enumerate())
+            .filter_map(|(i, v)| v.map(|v| (hash(v.as_bytes()), (i, v.as_bytes()))));
+        let mut batch = Vec::new();
+        while self.table.stage(&mut items, &mut batch) {
+            for (h, (i, bytes)) in batch.drain(..) {
                 if let Some(o) = out.get_mut(i) {
                     *o = self.find(h, bytes).unwrap_or(missing);
                 }
@@ -262,22 +247,12 @@ pub fn is_string_type(t: &DataType) -> bool {
 }
 
 /// Calls `f` with every slot of a plain string array, `None` for nulls.
-pub fn for_each_str(array: &dyn Array, mut f: impl FnMut(Option<&str>)) -> Result<()> {
-    match array.data_type() {
-        DataType::Utf8 => array.as_string::<i32>().iter().for_each(&mut f),
-        DataType::LargeUtf8 => array.as_string::<i64>().iter().for_each(&mut f),
-        DataType::Utf8View => array.as_string_view().iter().for_each(&mut f),
-        other => {
-            return Err(OpError::Schema(format!(
-                "expected a string column, found {other}"
-            )));
-        }
-    }
+pub fn for_each_str(array: &dyn Array, f: impl FnMut(Option<&str>)) -> Result<()> {
+    strs(array)?.for_each(f);
     Ok(())
 }
 
-/// The slots of a plain string array, `None` for nulls: for callers that need an iterator
-/// (batched lookups); [`for_each_str`] is the faster loop where a closure will do.
+/// The slots of a plain string array, `None` for nulls.
 pub fn strs(array: &dyn Array) -> Result<Strs<'_>> {
     Ok(match array.data_type() {
         DataType::Utf8 => Strs::Utf8(array.as_string::<i32>().iter()),
@@ -313,6 +288,15 @@ impl<'a> Iterator for Strs<'a> {
             Strs::Utf8(i) => i.next(),
             Strs::Large(i) => i.next(),
             Strs::View(i) => i.next(),
+        }
+    }
+
+    /// Each layout's own loop (`for_each` folds), not a match per slot.
+    fn fold<B, F: FnMut(B, Self::Item) -> B>(self, init: B, f: F) -> B {
+        match self {
+            Strs::Utf8(i) => i.fold(init, f),
+            Strs::Large(i) => i.fold(init, f),
+            Strs::View(i) => i.fold(init, f),
         }
     }
 }

@@ -35,7 +35,7 @@ fn free_slots(n: usize) -> Vec<Slot> {
 
 /// How many probes a batch hashes and prefetches before the first of them is made: enough
 /// misses in flight to cover their latency, few enough that the lines are still cached.
-pub(crate) const BATCH: usize = 32;
+const BATCH: usize = 32;
 
 /// Indices by key; the values themselves live elsewhere (a `Vocabulary`), so a long
 /// value's key is only its prefix and the caller settles equality.
@@ -72,9 +72,21 @@ impl Table {
         }
     }
 
+    /// Takes the next [`BATCH`] of `items` (each with its hash) into `batch`, prefetching
+    /// their first slots, so that probing them next finds the lines on their way; false
+    /// once `items` is done.
+    pub fn stage<T>(
+        &self,
+        items: &mut impl Iterator<Item = (u64, T)>,
+        batch: &mut Vec<(u64, T)>,
+    ) -> bool {
+        batch.extend(items.take(BATCH).inspect(|&(h, _)| self.prefetch(h)));
+        !batch.is_empty()
+    }
+
     /// Brings the cache line of `hash`'s first slot in; a hint, with no effect on results.
     #[inline(always)]
-    pub fn prefetch(&self, hash: u64) {
+    fn prefetch(&self, hash: u64) {
         if let Some(slot) = self.slots.get(hash as u32 as usize & self.mask()) {
             super::prefetch(slot);
         }
