@@ -1,10 +1,10 @@
 //! `Batch`: the record a hydrant dataflow moves, a RecordBatch with its place in the input.
 //! Between processes it travels as Arrow IPC bytes inside timely's own containers.
 
-use std::io::Cursor;
-
-use arrow::array::RecordBatch;
-use arrow::ipc::reader::StreamReader;
+use arrow::array::{Array, RecordBatch};
+use arrow::buffer::Buffer;
+use arrow::error::ArrowError;
+use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::StreamWriter;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::ser::{SerializeTuple, Serializer};
@@ -22,19 +22,31 @@ pub struct Batch {
 
 impl Batch {
     /// The batch as an Arrow IPC stream (schema message, then the batch).
-    pub fn to_ipc(&self) -> Result<Vec<u8>, arrow::error::ArrowError> {
-        let mut w = StreamWriter::try_new(Vec::new(), self.data.schema_ref())?;
+    pub fn to_ipc(&self) -> Result<Vec<u8>, ArrowError> {
+        // Sized for the rows up front: growing the buffer would copy them again.
+        let rows: usize = self
+            .data
+            .columns()
+            .iter()
+            .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+            .sum();
+        let room = rows + self.data.num_columns() * 256 + 4096;
+        let mut w = StreamWriter::try_new(Vec::with_capacity(room), self.data.schema_ref())?;
         w.write(&self.data)?;
         w.into_inner()
     }
 
-    /// Reads a batch written by [`Batch::to_ipc`].
-    pub fn from_ipc(seq: u64, bytes: &[u8]) -> Result<Batch, arrow::error::ArrowError> {
-        let mut r = StreamReader::try_new(Cursor::new(bytes), None)?;
-        let data = r.next().ok_or_else(|| {
-            arrow::error::ArrowError::IpcError("IPC stream holds no batch".into())
-        })??;
-        Ok(Batch { seq, data })
+    /// Reads a batch written by [`Batch::to_ipc`]. Its arrays point into `bytes`, which
+    /// they take over: nothing is copied (buffers not aligned for their type excepted).
+    pub fn from_ipc(seq: u64, bytes: Vec<u8>) -> Result<Batch, ArrowError> {
+        let mut rest = Buffer::from_vec(bytes);
+        let mut decoder = StreamDecoder::new();
+        while !rest.is_empty() {
+            if let Some(data) = decoder.decode(&mut rest)? {
+                return Ok(Batch { seq, data });
+            }
+        }
+        Err(ArrowError::IpcError("IPC stream holds no batch".into()))
     }
 }
 
@@ -87,14 +99,14 @@ impl<'de> Deserialize<'de> for ByteBuf {
 impl<'de> Deserialize<'de> for Batch {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let (seq, ByteBuf(bytes)) = <(u64, ByteBuf)>::deserialize(d)?;
-        Batch::from_ipc(seq, &bytes).map_err(de::Error::custom)
+        Batch::from_ipc(seq, bytes).map_err(de::Error::custom)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Float64Array, StringArray};
+    use arrow::array::{Float64Array, Int64Array, StringArray};
     use std::sync::Arc;
 
     #[test]
@@ -112,6 +124,38 @@ mod tests {
         let back: Batch = serde_json::from_str(&json).unwrap();
         assert_eq!(back.seq, 7);
         assert_eq!(back.data, batch.data);
-        assert!(Batch::from_ipc(0, b"not ipc").is_err());
+        assert!(Batch::from_ipc(0, b"not ipc".to_vec()).is_err());
+        assert!(Batch::from_ipc(0, Vec::new()).is_err());
+    }
+
+    #[test]
+    fn a_slice_is_decoded_in_place_and_a_cut_stream_is_an_error() {
+        let whole = RecordBatch::try_from_iter([(
+            "x",
+            Arc::new(Int64Array::from_iter(
+                (0..10_000).map(|i| (i % 7 != 0).then_some(i)),
+            )) as _,
+        )])
+        .unwrap();
+        let batch = Batch {
+            seq: 3,
+            data: whole.slice(5_000, 4_096),
+        };
+        let ipc = batch.to_ipc().unwrap();
+        assert!(
+            ipc.len() < 40_000,
+            "only the slice's rows: {} bytes",
+            ipc.len()
+        );
+        let cut = ipc[..ipc.len() - 100].to_vec();
+        let held = ipc.as_ptr_range();
+        let back = Batch::from_ipc(3, ipc).unwrap();
+        assert_eq!(back.data, batch.data);
+        let values = back.data.column(0).to_data().buffers()[0].as_ptr();
+        assert!(
+            held.contains(&values),
+            "the values were copied out of the bytes"
+        );
+        assert!(Batch::from_ipc(3, cut).is_err());
     }
 }
