@@ -303,6 +303,31 @@ async fn a_reconnect_after_everyone_finished_is_served_alone() {
     assert!(none.is_empty());
 }
 
+/// One rank read alone to its end, the other rank never read meanwhile (an evaluation
+/// job, a trainer that has not come): the unread rank's queue filled and held the shared
+/// run, so the reader hung forever. Now, after a wait, the unread rank is let go and the
+/// reader finishes; the other rank, read later, catches up on a run of its own with
+/// exactly its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_rank_read_alone_finishes_and_the_other_catches_up_later() {
+    const ROWS: u64 = 40_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[ROWS], 11);
+    let (_server, uri) = serve_criteo(&data, &state, &["--ranks", "2", "--batch-size", "500"]);
+    let mut records = BTreeMap::new();
+    for rank in 0..2 {
+        let mut record = Record::new();
+        assert!(
+            read(&uri, ticket(2, rank, 0, 0), usize::MAX, &mut record)
+                .await
+                .unwrap()
+        );
+        records.insert(rank, record);
+    }
+    assert_eq!(records[&0].len(), 40, "40,000 rows in steps of 2 x 500");
+    assert_exactly_once(&records, ROWS);
+}
+
 /// 8 live trainers and 8 stale readers (one per rank, from step 0, as a zombie pod would
 /// start): every superseded stream ends ABORTED, the live trainers reconnect at last + 1
 /// and finish the epoch exactly once.

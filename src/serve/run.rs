@@ -182,6 +182,11 @@ impl Run {
         self.queues.get(rank).is_some_and(Option::is_some)
     }
 
+    /// The end of the ranks the run has slots for.
+    pub fn ranks(&self) -> usize {
+        self.slots.len()
+    }
+
     /// Rank `rank`'s slot; `rank` must be below the run's ranks' end.
     pub fn slot(&self, rank: usize) -> MutexGuard<'_, Slot> {
         lock(&self.slots[rank])
@@ -190,8 +195,31 @@ impl Run {
     /// Attaches a consumer to `rank` from `start_step`, superseding the current one, if
     /// the run still holds that step (sent and kept, pending, or still to come).
     pub fn attach(&self, rank: usize, start_step: u64, reading: bool) -> Option<Attached> {
+        self.attach_when(rank, start_step, reading, |_| true)
+    }
+
+    /// Attaches a drain to `rank` if no consumer holds it (no trainer has come, or the
+    /// last one went away) and it has batches still to come, so that its batches are let
+    /// go; a trainer that asks for the rank later catches up on a run of its own.
+    pub fn drain_if_unread(&self, rank: usize) -> Option<Attached> {
+        self.attach_when(rank, u64::MAX, false, |s| {
+            s.holder.is_none() && !s.exhausted
+        })
+    }
+
+    /// [`Run::attach`] if `free` holds for the slot, checked under its lock.
+    fn attach_when(
+        &self,
+        rank: usize,
+        start_step: u64,
+        reading: bool,
+        free: impl Fn(&Slot) -> bool,
+    ) -> Option<Attached> {
         let queue = self.queues.get(rank)?.clone()?;
         let mut slot = self.slot(rank);
+        if !free(&slot) {
+            return None;
+        }
         let oldest = slot
             .sent
             .front()

@@ -13,6 +13,11 @@ use super::fresh::Freshness;
 use super::run::{Attached, Run, lock};
 use crate::delivery::RankBatch;
 
+/// How long a trainer's stream waits for its next batch before the ranks no one reads are
+/// let go ([`Consumer::let_unread_ranks_go`]): long enough for trainers that start a
+/// little apart, short enough that reading one rank alone is not a hang.
+pub(super) const ABSENT_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The runs a pipeline keeps; a consumer that takes a run's last batch removes it.
 pub(super) type Runs = Mutex<Vec<Arc<Run>>>;
 
@@ -72,6 +77,27 @@ impl Consumer {
         });
     }
 
+    /// Drains the ranks of this run that no stream reads: a trainer that has waited
+    /// [`ABSENT_AFTER`] may be waiting on a rank whose queue is full because no one reads
+    /// it (one rank read alone, a trainer that has not come). Only file input's runs: a
+    /// rank that comes later catches up on a run of its own, which pushed rows cannot.
+    fn let_unread_ranks_go(&self) {
+        for rank in (0..self.run.ranks()).filter(|&r| r != self.rank) {
+            if let Some(attached) = self.run.drain_if_unread(rank) {
+                eprintln!(
+                    "hydrant: rank {rank} of epoch {} has had no reader while rank {} waited \
+                     {} s: its batches are let go (it catches up on a run of its own when \
+                     it is read)",
+                    self.run.epoch,
+                    self.rank,
+                    ABSENT_AFTER.as_secs()
+                );
+                let runs = self.runs.clone();
+                Consumer::new(self.run.clone(), runs, rank, u64::MAX, attached, None).drain();
+            }
+        }
+    }
+
     fn superseded(&self) -> ServeError {
         ServeError::Aborted(format!(
             "superseded by a newer reader for rank {}",
@@ -114,10 +140,17 @@ impl Consumer {
                 return Some(rb);
             }
             let waited = Instant::now();
-            let got = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Some(Err(self.superseded())),
-                got = queue.recv() => got,
+            let mut absent = self.start_step != u64::MAX && self.run.steps.is_some();
+            let got = loop {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Some(Err(self.superseded())),
+                    got = queue.recv() => break got,
+                    _ = tokio::time::sleep(ABSENT_AFTER), if absent => {
+                        self.let_unread_ranks_go();
+                        absent = false;
+                    }
+                }
             };
             metrics::gauge!(crate::metrics::RANK_STALL_SECONDS, "rank" => self.label.clone())
                 .increment(waited.elapsed().as_secs_f64());
