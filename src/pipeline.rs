@@ -45,6 +45,9 @@ pub struct RunOptions {
     /// The most bytes one rank's batches in flight may take: batch size × bytes per
     /// delivered row × prefetch, checked before anything is allocated.
     pub max_batch_bytes: u64,
+    /// Bytes of decoded input units kept in memory after their first read, so that later
+    /// epochs do not read and decode them again (0: none). See [`Inputs::cache_units`].
+    pub cache_bytes: u64,
 }
 
 /// The default of [`RunOptions::max_batch_bytes`]: 4 GiB.
@@ -64,6 +67,7 @@ impl Default for RunOptions {
             loader: LoaderConfig::default(),
             cluster: Cluster::local(std::thread::available_parallelism().map_or(1, |n| n.get())),
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            cache_bytes: 0,
         }
     }
 }
@@ -225,6 +229,13 @@ impl PipelineBuilder {
         self
     }
 
+    /// Keeps up to `bytes` of decoded input in memory after its first read, so that later
+    /// epochs neither read nor decode it again ([`RunOptions::cache_bytes`]).
+    pub fn cache_bytes(mut self, bytes: u64) -> Self {
+        self.options.cache_bytes = bytes;
+        self
+    }
+
     /// Starts delivery at `step` of `epoch` (to resume a trainer).
     pub fn start_at(mut self, epoch: u64, step: u64) -> Self {
         self.options.start_epoch = epoch;
@@ -297,6 +308,7 @@ impl Pipeline {
         let mut opened = Inputs::open(inputs, spec.batch_rows)?;
         let plan = spec.plan(&opened.schema())?;
         opened.prepare(&plan, |s| spec.plan(s), &[])?;
+        opened.cache_units(options.cache_bytes);
         let bound = match &state {
             Some(state) => Some(plan.transformer(state)?),
             None => None,

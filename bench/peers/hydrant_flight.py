@@ -6,8 +6,13 @@ usage: python hydrant_flight.py HYDRANT_BIN [ROWS] [PULLS] [STREAMS]   (prints o
 
 With STREAMS > 1 the server serves that many ranks in 65,536 / STREAMS-row batches and one
 client per rank pulls concurrently (a pull is all of them; bytes/s counts them together).
+
+The server keeps the file's batches in memory after the first pull (`--cache-mib`), as
+pyarrow's server holds its table: each later pull is served without reading the file again
+(HYDRANT_CACHE_MIB=0 reads it every epoch).
 """
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,7 +49,8 @@ columns = ["ids"]
 """)
 server = subprocess.Popen(
     [binary, "serve", "--pipeline", str(toml), "--input", str(data), "--listen", "127.0.0.1:0",
-     "--epochs", str(pulls), "--ranks", str(streams), "--batch-size", str(65536 // streams)], stdout=subprocess.PIPE,
+     "--epochs", str(pulls), "--cache-mib", os.environ.get("HYDRANT_CACHE_MIB", "4096"),
+     "--ranks", str(streams), "--batch-size", str(65536 // streams)], stdout=subprocess.PIPE,
     text=True)
 try:
     ready = json.loads(server.stdout.readline())

@@ -18,6 +18,9 @@ use parquet::arrow::arrow_reader::{
 
 use crate::error::{Error, Result, one_line};
 
+mod cache;
+use cache::UnitCache;
+
 use crate::recycle;
 pub use crate::recycle::release_idle as release_idle_read_buffers;
 
@@ -57,6 +60,8 @@ pub struct Inputs {
     batch_rows: usize,
     /// Root column indices to read, per file (all when `None`).
     projection: Vec<Option<Vec<usize>>>,
+    /// Units kept after their first read (`--cache-mib`).
+    cache: Option<Arc<UnitCache>>,
 }
 
 impl Inputs {
@@ -110,7 +115,19 @@ impl Inputs {
             units,
             batch_rows,
             projection,
+            cache: None,
         })
+    }
+
+    /// Keeps units in memory after their first whole read, up to `budget` bytes in all
+    /// (0: none), so that they are not read and decoded again. See `cache.rs`.
+    pub fn cache_units(&mut self, budget: u64) {
+        self.cache = (budget > 0).then(|| Arc::new(UnitCache::new(budget)));
+    }
+
+    /// Bytes of units held in memory.
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache.as_ref().map_or(0, |c| c.used())
     }
 
     /// Every input file's path, in input order.
@@ -197,7 +214,16 @@ impl Inputs {
 
     /// Reads one unit as batches carrying `row_id`.
     pub fn read(&self, unit: &Unit) -> Result<Box<dyn Iterator<Item = Result<Batch>> + Send>> {
-        self.read_columns(unit, None)
+        let Some(cache) = &self.cache else {
+            return self.read_columns(unit, None);
+        };
+        let key = (unit.file, unit.row_group.unwrap_or(0));
+        if let Some(batches) = cache.get(key) {
+            return Ok(Box::new(
+                (0..batches.len()).map(move |i| Ok(batches[i].clone())),
+            ));
+        }
+        Ok(cache.fill(key, self.read_columns(unit, None)?))
     }
 
     /// Reads one unit as batches carrying `row_id` and, where `only` names some, just those

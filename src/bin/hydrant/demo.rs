@@ -46,6 +46,7 @@ pub fn demo(rows: u64, dir: &Path, step_ms: f64) -> Result<()> {
             ranks: 2,
             batch_size: 4096,
             max_batch_bytes: hydrant::DEFAULT_MAX_BATCH_BYTES,
+            cache_mib: 0,
             epochs: 2,
             seed: 0,
             shuffle: true,

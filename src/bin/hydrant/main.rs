@@ -155,6 +155,11 @@ struct DeliveryArgs {
     /// prefetch); checked before anything is allocated.
     #[arg(long, default_value_t = hydrant::DEFAULT_MAX_BATCH_BYTES, value_parser = int_in(1u64, 1 << 48))]
     max_batch_bytes: u64,
+    /// MiB of decoded input kept in memory after its first read, so that later epochs
+    /// (and catch-up reads) neither read nor decode it again; units that do not fit are
+    /// read each time. 0: none.
+    #[arg(long, default_value_t = 0, value_parser = int_in(0u64, 1 << 30))]
+    cache_mib: u64,
     /// Epochs to deliver.
     #[arg(long, default_value_t = 1)]
     epochs: u64,
@@ -213,6 +218,7 @@ impl DeliveryArgs {
             },
             cluster,
             max_batch_bytes: self.max_batch_bytes,
+            cache_bytes: self.cache_mib << 20,
         })
     }
 }
