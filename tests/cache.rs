@@ -63,6 +63,12 @@ fn two_epochs_truncated_between(cache_mib: &str) -> Vec<Result<Vec<Vec<u64>>, St
     let mut out = Vec::new();
     for epoch in 0..2 {
         if epoch == 1 {
+            let status =
+                rt.block_on(async { Client::connect(&uri).await.unwrap().status().await.unwrap() });
+            let cached = status["pipelines"][0]["cached_input_bytes"]
+                .as_u64()
+                .unwrap();
+            assert_eq!(cached > 0, cache_mib != "0", "cached bytes: {cached}");
             // Every unit was read whole by now; the file is cut to nothing.
             std::thread::sleep(std::time::Duration::from_millis(200));
             std::fs::File::options()

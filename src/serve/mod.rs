@@ -765,6 +765,8 @@ impl Served for ServedPipeline {
             "state_version": self.state_version(),
             "state_versions": self.ingest.as_ref().and_then(|i| i.known.as_ref()).map(|k| lock(k).made),
             "rows_featurized": self.featurized.load(Ordering::Relaxed),
+            // Decoded input kept in memory (`--cache-mib`).
+            "cached_input_bytes": self.inputs.as_ref().map(|i| i.cached_bytes()),
             "pushed": self.ingest.as_ref().map(|i| {
                 let p = &i.counts;
                 serde_json::json!({
