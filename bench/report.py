@@ -260,8 +260,9 @@ def flight_section(flight, targets):
         f"{rows:,} rows of label float32, dense [13] float32, ids [26] int64 in 65,536-row "
         "batches; bytes of those columns per second of DoGet, median of 5 pulls per run, "
         "median over runs. hydrant: `bench/peers/hydrant_flight.py` (`hydrant serve` with a "
-        "pass-through pipeline over an Arrow IPC file of the batches, read again for each "
-        "epoch; each pull is the next epoch); peer: `bench/peers/flight_pyarrow.py` (pyarrow's "
+        "pass-through pipeline over an Arrow IPC file of the batches, kept in memory after "
+        "the first pull with `--cache-mib` as pyarrow holds its table; each pull is the next "
+        "epoch); peer: `bench/peers/flight_pyarrow.py` (pyarrow's "
         "C++ Flight server serving them from memory). x4: four clients at once, each pulling "
         "a quarter of every batch (hydrant: one rank of four, 16,384-row batches).",
         "",
