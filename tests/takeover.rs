@@ -409,7 +409,9 @@ async fn memory_stays_flat_over_100_epochs() {
         ],
     );
     let pid = server.0.id();
-    let mut after_two = 0;
+    // One settled figure swings by a few MiB with what the server happens to hold (the
+    // other tests of this file running beside it): the median of ten at each end.
+    let (mut early, mut late) = (Vec::new(), Vec::new());
     for epoch in 0..EPOCHS {
         let ranks: Vec<_> = (0..2)
             .map(|r| {
@@ -428,12 +430,22 @@ async fn memory_stays_flat_over_100_epochs() {
             records.insert(r as u32, t.await.unwrap());
         }
         assert_exactly_once(&records, ROWS);
-        if epoch == 1 {
-            after_two = settled_rss_kib(pid).await;
+        if (1..=10).contains(&epoch) {
+            early.push(settled_rss_kib(pid).await);
+        } else if epoch >= EPOCHS - 10 {
+            late.push(settled_rss_kib(pid).await);
         }
     }
-    let after_all = settled_rss_kib(pid).await;
-    eprintln!("server RSS after 2 epochs {after_two} KiB, after {EPOCHS}: {after_all} KiB");
+    let median = |v: &mut Vec<u64>| {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    let (after_two, after_all) = (median(&mut early), median(&mut late));
+    eprintln!(
+        "server RSS after epochs 2-11 {after_two} KiB (median), after {}-{EPOCHS}: \
+         {after_all} KiB",
+        EPOCHS - 9
+    );
     assert!(
         after_all * 10 <= after_two * 11 + 4096 * 10,
         "RSS grew from {after_two} KiB to {after_all} KiB"
