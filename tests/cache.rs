@@ -35,16 +35,7 @@ fn two_epochs_truncated_between(cache_mib: &str) -> Vec<Result<Vec<Vec<u64>>, St
     let dir = tempfile::tempdir().unwrap();
     let data = gen_criteo_in_row_groups(dir.path(), 10_000, 4, 2_048);
     let state = dir.path().join("state.json");
-    let toml = criteo_toml();
-    hydrant_ok(&[
-        "fit",
-        "--pipeline",
-        toml.to_str().unwrap(),
-        "--input",
-        data.to_str().unwrap(),
-        "--out",
-        state.to_str().unwrap(),
-    ]);
+    fit_criteo(&data, &state);
     let (_server, uri) = serve_criteo(
         &data,
         &state,

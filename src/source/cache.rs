@@ -12,7 +12,6 @@ use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, RecordBatch};
 use hydrant_operators::Batch;
 
 use crate::error::Result;
@@ -106,7 +105,9 @@ impl Iterator for Filling {
         let next = self.batches.next();
         match &next {
             Some(Ok(b)) if self.kept.is_some() => {
-                let bytes = batch_bytes(&b.data);
+                // The bytes of the arrays' slices: arrays of one read block share it, so their
+                // capacities would count the block once per column.
+                let bytes = hydrant_flight::batch_bytes(&b.data) as u64;
                 if self.cache.reserve(bytes) {
                     self.reserved += bytes;
                     if let Some(kept) = self.kept.as_mut() {
@@ -144,24 +145,10 @@ impl Drop for Filling {
     }
 }
 
-/// The bytes a batch's rows take: its arrays' slices (arrays of one read block share it,
-/// so their capacities would count the block once per column).
-fn batch_bytes(batch: &RecordBatch) -> u64 {
-    batch
-        .columns()
-        .iter()
-        .map(|c| {
-            let data = c.to_data();
-            data.get_slice_memory_size()
-                .unwrap_or_else(|_| c.get_array_memory_size()) as u64
-        })
-        .sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::Int64Array;
+    use arrow::array::{Int64Array, RecordBatch};
 
     fn batches(n: usize) -> Vec<Batch> {
         (0..n)

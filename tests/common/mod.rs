@@ -90,16 +90,21 @@ pub fn folder_with_state(dir: &Path, rows: &[u64], first_seed: u64) -> (PathBuf,
         std::fs::rename(f, folder.join(format!("part-{i}.parquet"))).unwrap();
     }
     let state = dir.join("state.json");
+    fit_criteo(&folder, &state);
+    (folder, state)
+}
+
+/// `hydrant fit` of the criteo pipeline over `input`, written to `state`.
+pub fn fit_criteo(input: &Path, state: &Path) {
     hydrant_ok(&[
         "fit",
         "--pipeline",
         criteo_toml().to_str().unwrap(),
         "--input",
-        folder.to_str().unwrap(),
+        input.to_str().unwrap(),
         "--out",
         state.to_str().unwrap(),
     ]);
-    (folder, state)
 }
 
 /// Reads all batches of a Parquet file.
