@@ -235,13 +235,28 @@ pub fn read_placed(dir: &Path) -> Vec<Placed> {
     out
 }
 
-/// A free port on loopback (bound and let go).
+/// A free port on loopback for a process to listen on later, taken below the kernel's
+/// ephemeral range: a port the kernel handed out (bound to 0 and let go) can become the
+/// source port of another test's outgoing connection before the process listens on it, and
+/// then its listen fails with "Address already in use" (seen in CI). Each test binary
+/// starts at its own offset, and each port is checked by binding it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&l| l > 12_000)
+        .unwrap_or(32_768);
+    let (base, span) = (10_000, low - 10_000);
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let port = (base + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on loopback below {low}")
 }
 
 /// Starts `hydrant ARGS` as every process of a cluster of `processes` on loopback, each
