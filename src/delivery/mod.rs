@@ -18,6 +18,7 @@ mod piece;
 mod place;
 mod plan;
 mod stream;
+mod wire;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ pub use piece::{Piece, rank_rows, split, split_at};
 pub use place::PlaceRows;
 pub use plan::{EpochPlan, LastBatch, ORDER_VERSION, Ownership, Place, Placement};
 pub use stream::StreamCutter;
+pub use wire::Pieces;
 
 /// What to deliver: epochs `start_epoch..epochs`, the first from `start_step` on.
 #[derive(Debug, Clone)]

@@ -16,20 +16,20 @@ use std::sync::Arc;
 use arrow::datatypes::Schema;
 use hydrant_operators::ErrorSlot;
 use timely::container::CapacityContainerBuilder;
-use timely::dataflow::StreamVec;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Operator;
+use timely::dataflow::{Stream, StreamVec};
 
 use super::Delivery;
 use super::assemble::Assembler;
 use super::batch::RankBatch;
-use super::piece::Piece;
+use super::wire::Pieces;
 use crate::error::Result;
 
 /// Assembles the steps of `ranks` (those this worker owns; the stream must bring it
 /// every piece of them). Errors go to `errors`, and the operator then lets go.
 pub fn own<'s>(
-    stream: StreamVec<'s, u64, Piece>,
+    stream: Stream<'s, u64, Pieces>,
     delivery: Delivery,
     ranks: Vec<usize>,
     output: Arc<Schema>,
@@ -60,7 +60,14 @@ pub fn own<'s>(
                 let _running = hydrant_operators::running::enter("own");
                 let mut failed = None;
                 input.for_each(|_, data| {
-                    for piece in data.drain(..) {
+                    let pieces = match data.take() {
+                        Ok(pieces) => pieces,
+                        Err(e) => {
+                            failed.get_or_insert(e);
+                            return;
+                        }
+                    };
+                    for piece in pieces {
                         let owner = owners.iter_mut().find(|o| o.assembler.rank() == piece.rank);
                         let pushed = match owner {
                             Some(o) => o.assembler.push(&piece),

@@ -6,12 +6,9 @@ use std::sync::OnceLock;
 
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
-use hydrant_operators::Batch;
-use serde::de::Deserializer;
-use serde::ser::Serializer;
-use serde::{Deserialize, Serialize};
 
 use super::plan::Placement;
+use super::wire::Wire;
 use crate::error::Result;
 
 /// Rows of one featurized batch bound for one rank, with their output indices.
@@ -33,7 +30,7 @@ pub struct Piece {
     /// This piece's rows as Arrow IPC, made the first time it is serialized: timely
     /// serializes a message twice (once to size it, once to write it), and the rows
     /// must be taken and encoded only once.
-    wire: OnceLock<std::result::Result<Vec<u8>, String>>,
+    wire: OnceLock<std::result::Result<Wire, String>>,
 }
 
 impl Piece {
@@ -59,9 +56,16 @@ impl Piece {
         &self.batch
     }
 
+    /// This piece's rows as they cross processes (made once: timely sizes a message, then
+    /// writes it).
+    pub(super) fn wire(&self) -> &std::result::Result<Wire, String> {
+        self.wire
+            .get_or_init(|| Wire::encode(&self.own_rows().map_err(|e| e.to_string())?))
+    }
+
     /// Only this piece's rows, in index order: a slice when they are one run of the
     /// batch (rows in order), taken otherwise.
-    fn own_rows(&self) -> Result<RecordBatch> {
+    pub(super) fn own_rows(&self) -> Result<RecordBatch> {
         Ok(match &self.rows {
             None => self.batch.clone(),
             Some(rows) if is_run(rows) => {
@@ -70,49 +74,6 @@ impl Piece {
             }
             Some(rows) => take_record_batch(&self.batch, &UInt32Array::from(rows.clone()))?,
         })
-    }
-}
-
-impl Serialize for Piece {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let wire = self.wire.get_or_init(|| {
-            let batch = Batch {
-                seq: 0,
-                data: self.own_rows().map_err(|e| e.to_string())?,
-            };
-            batch.to_ipc().map_err(|e| e.to_string())
-        });
-        let ipc = wire.as_ref().map_err(serde::ser::Error::custom)?;
-        // The layout of `(epoch, rank, indices, Batch)`, which `deserialize` reads.
-        (
-            self.epoch,
-            self.rank as u64,
-            &self.indices,
-            (0u64, IpcBytes(ipc)),
-        )
-            .serialize(s)
-    }
-}
-
-/// Bytes serialized as bytes (not as a sequence of numbers).
-struct IpcBytes<'a>(&'a [u8]);
-
-impl Serialize for IpcBytes<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_bytes(self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for Piece {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let (epoch, rank, indices, batch): (u64, u64, Vec<u64>, Batch) =
-            Deserialize::deserialize(d)?;
-        if batch.data.num_rows() != indices.len() {
-            return Err(serde::de::Error::custom(
-                "a piece's rows and indices differ",
-            ));
-        }
-        Ok(Piece::new(epoch, rank as usize, indices, batch.data))
     }
 }
 
@@ -358,31 +319,5 @@ mod tests {
             want.sort_unstable();
             proptest::prop_assert_eq!(got, want);
         }
-    }
-
-    #[test]
-    fn a_piece_crosses_processes_with_only_its_rows() {
-        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::UInt64, false)]));
-        let batch =
-            RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from_iter_values(0..10))])
-                .unwrap();
-        let placement = Placement::new(2, 2, LastBatch::Pad, 0, None).unwrap();
-        let mut pieces = Vec::new();
-        split(&placement, 0, 10, 0, 0..10, &batch, &mut pieces);
-        let rank1 = &pieces[1];
-        // Sized, then written, as timely does: the same bytes both times.
-        let size = bincode::serialized_size(rank1).unwrap();
-        let bytes = bincode::serialize(rank1).unwrap();
-        assert_eq!(size as usize, bytes.len());
-        let back: Piece = bincode::deserialize(&bytes).unwrap();
-        assert_eq!((back.epoch, back.rank), (0, 1));
-        assert_eq!(back.indices, vec![2, 3, 6, 7]);
-        let x = back
-            .batch()
-            .column(0)
-            .as_any()
-            .downcast_ref::<UInt64Array>()
-            .unwrap();
-        assert_eq!(x.values().to_vec(), vec![2, 3, 6, 7]);
     }
 }

@@ -2,14 +2,16 @@
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::UInt64Type;
-use timely::dataflow::StreamVec;
+use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Operator;
+use timely::dataflow::{Stream, StreamVec};
 
 use hydrant_operators::{Batch, ErrorSlot, ROW_ID};
 
 use super::Delivery;
-use super::piece::{Piece, split, split_at};
+use super::piece::{split, split_at};
+use super::wire::Pieces;
 
 /// Places the rows of a stream of featurized batches, each stamped (`seq`) with the time
 /// of its first row ([`Delivery::time`]).
@@ -17,12 +19,12 @@ pub trait PlaceRows<'s> {
     /// One piece per rank that receives rows of a batch, at the batch's time. With
     /// [`Delivery::only`], a batch holds only that rank's rows, not all of a run of
     /// positions: their `row_id`s say where each sits.
-    fn place_rows(self, delivery: Delivery, errors: ErrorSlot) -> StreamVec<'s, u64, Piece>;
+    fn place_rows(self, delivery: Delivery, errors: ErrorSlot) -> Stream<'s, u64, Pieces>;
 }
 
 impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
-    fn place_rows(self, delivery: Delivery, errors: ErrorSlot) -> StreamVec<'s, u64, Piece> {
-        self.unary(Pipeline, "Place", move |_, _| {
+    fn place_rows(self, delivery: Delivery, errors: ErrorSlot) -> Stream<'s, u64, Pieces> {
+        self.unary::<CapacityContainerBuilder<Pieces>, _, _, _>(Pipeline, "Place", move |_, _| {
             let mut pieces = Vec::new();
             move |input, output| {
                 let _running = hydrant_operators::running::enter("place");
