@@ -192,9 +192,18 @@ fn greeted(stream: &TcpStream) -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// A free loopback port below Linux's default ephemeral range (32768-60999): one the
+    /// kernel hands out for port 0 can become another test's outgoing source port before
+    /// `join` listens on it.
     fn free() -> String {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let start = std::process::id().wrapping_mul(7919);
+        (0..20_000)
+            .map(|_| 12_000 + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % 20_000)
+            .find(|&port| TcpListener::bind(("127.0.0.1", port as u16)).is_ok())
+            .map(|port| format!("127.0.0.1:{port}"))
+            .expect("a free port on loopback")
     }
 
     #[test]
