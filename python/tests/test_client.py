@@ -214,8 +214,11 @@ def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
     clean end of stream mid-epoch; now the replaced stream ends ABORTED, never OK.
 
     Rank 1 is not read until the takeover is done, so the first stream of rank 0 stays
-    live (backpressure) instead of receiving its whole small epoch into gRPC's buffers."""
-    s = serve("--ranks", "2", "--batch-size", "100")
+    live (backpressure) instead of receiving its whole small epoch into gRPC's buffers; the
+    server lets an unread rank go only after `--absent-after`, here far longer than the
+    takeover takes (at the default 3 s, one CI run on a busy machine let rank 1 go first,
+    and the first stream then ended with the whole epoch)."""
+    s = serve("--ranks", "2", "--batch-size", "100", "--absent-after", "120")
     client = Client(s.uri)
     first = client.batches("criteo", 0, 2)
     got = [next(first) for _ in range(3)]

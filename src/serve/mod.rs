@@ -45,7 +45,7 @@ use push::{Ingest, Pushed};
 use run::{Run, lock};
 use spool::Spool;
 pub use spool::{COMMIT_FILE, SEGMENT_BYTES};
-use stream::{Consumer, Runs};
+use stream::{ABSENT_AFTER, Consumer, Runs};
 
 /// Rows per batch read from a followed folder's files, at most.
 const FOLLOW_READ_ROWS: usize = 16_384;
@@ -78,6 +78,8 @@ pub struct ServedPipeline {
     replay_bytes: usize,
     /// How long a run no one reads is kept.
     idle_timeout: Duration,
+    /// How long a trainer's stream waits before the ranks no one reads are let go.
+    absent_after: Duration,
     plan: Arc<FeaturePlan>,
     state: FittedState,
     /// The state bound to the plan (file input; pushed input binds per schema).
@@ -273,6 +275,15 @@ impl ServedPipeline {
         self
     }
 
+    /// Lets the ranks of a file run that no stream reads go once a trainer's stream has
+    /// waited `after` for its next batch (default [`ABSENT_AFTER`], 3 s), so that one rank
+    /// read alone does not wait forever on the others' full queues; such a rank, read
+    /// later, catches up on a run of its own.
+    pub fn with_absent_after(mut self, after: Duration) -> Self {
+        self.absent_after = after;
+        self
+    }
+
     /// Forgets the runs no stream has read for the idle timeout, and returns how many:
     /// a trainer that went away mid-epoch leaves its run's batches and threads behind
     /// until then. (Pushed input's one run is never forgotten.)
@@ -319,6 +330,7 @@ impl ServedPipeline {
             ingest: None,
             replay_bytes: REPLAY_BYTES,
             idle_timeout: IDLE_TIMEOUT,
+            absent_after: ABSENT_AFTER,
             plan,
             state,
             bound: Some(bound),
@@ -373,6 +385,7 @@ impl ServedPipeline {
             inputs: None,
             replay_bytes: REPLAY_BYTES,
             idle_timeout: IDLE_TIMEOUT,
+            absent_after: ABSENT_AFTER,
             ingest: Some(Arc::new(Pushed::new(
                 Ingest {
                     featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
@@ -496,6 +509,7 @@ impl ServedPipeline {
             start_step,
             attached,
             self.ingest.as_ref().map(|i| i.fresh.clone()),
+            self.absent_after,
         ))
     }
 

@@ -4,7 +4,7 @@
 //! poll, and a newer consumer of the rank wakes it to end with ABORTED.
 
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use hydrant_flight::{BatchMeta, RankStream, ServeError, batch_bytes};
@@ -13,10 +13,11 @@ use super::fresh::Freshness;
 use super::run::{Attached, Run, lock};
 use crate::delivery::RankBatch;
 
-/// How long a trainer's stream waits for its next batch before the ranks no one reads are
-/// let go ([`Consumer::let_unread_ranks_go`]): long enough for trainers that start a
-/// little apart, short enough that reading one rank alone is not a hang.
-pub(super) const ABSENT_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a trainer's stream waits for its next batch, by default (`--absent-after`),
+/// before the ranks no one reads are let go ([`Consumer::let_unread_ranks_go`]): long
+/// enough for trainers that start a little apart, short enough that reading one rank alone
+/// is not a hang.
+pub const ABSENT_AFTER: Duration = Duration::from_secs(3);
 
 /// The runs a pipeline keeps; a consumer that takes a run's last batch removes it.
 pub(super) type Runs = Mutex<Vec<Arc<Run>>>;
@@ -35,6 +36,8 @@ pub(super) struct Consumer {
     next: u64,
     /// A stream's freshness, told of each delivered batch.
     fresh: Option<Arc<Freshness>>,
+    /// How long it waits for a batch before the ranks no one reads are let go.
+    absent_after: Duration,
 }
 
 impl Consumer {
@@ -45,6 +48,7 @@ impl Consumer {
         start_step: u64,
         attached: Attached,
         fresh: Option<Arc<Freshness>>,
+        absent_after: Duration,
     ) -> Self {
         Consumer {
             run,
@@ -56,6 +60,7 @@ impl Consumer {
             ended: false,
             next: start_step,
             fresh,
+            absent_after,
         }
     }
 
@@ -78,7 +83,7 @@ impl Consumer {
     }
 
     /// Drains the ranks of this run that no stream reads: a trainer that has waited
-    /// [`ABSENT_AFTER`] may be waiting on a rank whose queue is full because no one reads
+    /// its `absent_after` may be waiting on a rank whose queue is full because no one reads
     /// it (one rank read alone, a trainer that has not come). Only file input's runs: a
     /// rank that comes later catches up on a run of its own, which pushed rows cannot.
     fn let_unread_ranks_go(&self) {
@@ -90,10 +95,11 @@ impl Consumer {
                      it is read)",
                     self.run.epoch,
                     self.rank,
-                    ABSENT_AFTER.as_secs()
+                    self.absent_after.as_secs()
                 );
                 let runs = self.runs.clone();
-                Consumer::new(self.run.clone(), runs, rank, u64::MAX, attached, None).drain();
+                let (run, absent) = (self.run.clone(), self.absent_after);
+                Consumer::new(run, runs, rank, u64::MAX, attached, None, absent).drain();
             }
         }
     }
@@ -146,7 +152,7 @@ impl Consumer {
                     biased;
                     _ = cancel.cancelled() => return Some(Err(self.superseded())),
                     got = queue.recv() => break got,
-                    _ = tokio::time::sleep(ABSENT_AFTER), if absent => {
+                    _ = tokio::time::sleep(self.absent_after), if absent => {
                         self.let_unread_ranks_go();
                         absent = false;
                     }

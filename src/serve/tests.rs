@@ -9,7 +9,7 @@ use hydrant_flight::RankStream;
 use tokio::sync::mpsc::Sender;
 
 use super::run::Run;
-use super::stream::Consumer;
+use super::stream::{ABSENT_AFTER, Consumer};
 use crate::delivery::{RankBatch, StepMeta};
 
 fn step(step: u64) -> RankBatch {
@@ -53,6 +53,7 @@ fn consumer(run: &Arc<Run>, start_step: u64) -> RankStream {
         start_step,
         attached,
         None,
+        ABSENT_AFTER,
     )
     .into_stream()
 }
@@ -141,7 +142,16 @@ async fn a_new_reader_supersedes_a_waiting_one_and_gets_every_step_once() {
 async fn a_drain_keeps_the_queue_moving_and_hands_over_to_a_reader() {
     let (tx, r) = run(8);
     let attached = r.attach(0, u64::MAX, false).unwrap();
-    Consumer::new(r.clone(), Default::default(), 0, u64::MAX, attached, None).drain();
+    Consumer::new(
+        r.clone(),
+        Default::default(),
+        0,
+        u64::MAX,
+        attached,
+        None,
+        ABSENT_AFTER,
+    )
+    .drain();
     for s in 0..4 {
         tx.send(step(s)).await.unwrap();
     }

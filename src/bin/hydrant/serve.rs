@@ -60,6 +60,11 @@ pub(crate) struct ServeArgs {
     /// trainer that comes back later is served by a new run).
     #[arg(long, default_value_t = 300, value_parser = super::int_in(1u64, 7 * 86_400))]
     idle_timeout: u64,
+    /// Seconds a trainer's stream waits for its next batch before the ranks of its run
+    /// that no one reads are let go (so that one rank read alone does not wait forever);
+    /// such a rank, read later, catches up on a run of its own.
+    #[arg(long, default_value_t = 3, value_parser = super::int_in(1u64, 86_400))]
+    absent_after: u64,
     /// With pushed input (`input = "flight"`): spool each accepted batch here, synced to
     /// disk before it is acknowledged; a server restarted with the same folder delivers
     /// them again, in the same steps, from the trainers' last `commit` on. Without it,
@@ -192,7 +197,8 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         )?
     }
     .with_replay_bytes(args.replay_mib << 20)
-    .with_idle_timeout(Duration::from_secs(args.idle_timeout));
+    .with_idle_timeout(Duration::from_secs(args.idle_timeout))
+    .with_absent_after(Duration::from_secs(args.absent_after));
     let served = match on_cluster {
         Some((cluster, locations)) => served.on_cluster(cluster, locations)?,
         None => served.warmed()?,
