@@ -276,7 +276,7 @@ impl ServedPipeline {
     }
 
     /// Lets the ranks of a file run that no stream reads go once a trainer's stream has
-    /// waited `after` for its next batch (default [`ABSENT_AFTER`], 3 s), so that one rank
+    /// waited `after` for its next batch (default 3 s), so that one rank
     /// read alone does not wait forever on the others' full queues; such a rank, read
     /// later, catches up on a run of its own.
     pub fn with_absent_after(mut self, after: Duration) -> Self {
