@@ -36,16 +36,16 @@ use super::piece::Piece;
 #[derive(Debug, Clone, Default)]
 pub struct Pieces {
     items: Vec<Piece>,
-    /// The pieces a broken message held: what progress tracking counts.
-    count: usize,
-    broken: Option<String>,
+    /// A message that could not be read: the pieces it announced (what progress tracking
+    /// counts), and why.
+    broken: Option<(usize, String)>,
 }
 
 impl Pieces {
     /// Takes the pieces out, or why they could not be read.
     pub fn take(&mut self) -> std::result::Result<std::vec::Drain<'_, Piece>, String> {
-        match self.broken.take() {
-            Some(why) => Err(why),
+        match &self.broken {
+            Some((_, why)) => Err(why.clone()),
             None => Ok(self.items.drain(..)),
         }
     }
@@ -53,7 +53,8 @@ impl Pieces {
 
 impl Accountable for Pieces {
     fn record_count(&self) -> i64 {
-        i64::try_from(self.items.len().max(self.count)).unwrap_or(i64::MAX)
+        let count = self.broken.as_ref().map_or(self.items.len(), |(n, _)| *n);
+        i64::try_from(count).unwrap_or(i64::MAX)
     }
 }
 
@@ -84,21 +85,22 @@ impl PushInto<Piece> for Pieces {
 }
 
 impl ContainerBytes for Pieces {
-    fn from_bytes(bytes: Bytes) -> Self {
-        let count = bytes.get(..8).map_or(0, |w| {
-            u64::from_le_bytes(w.try_into().unwrap_or_default()) as usize
-        });
-        match read(bytes) {
+    fn from_bytes(mut bytes: Bytes) -> Self {
+        let mut words = Words { bytes: &mut bytes };
+        let (count, items) = match words.next() {
+            Ok(count) => (count, read(&mut words, count)),
+            Err(why) => (0, Err(why)),
+        };
+        match items {
             Ok(items) => Pieces {
-                count: items.len(),
                 items,
                 broken: None,
             },
             Err(why) => Pieces {
                 items: Vec::new(),
-                count,
-                broken: Some(format!(
-                    "a piece from another process cannot be read: {why}"
+                broken: Some((
+                    usize::try_from(count).unwrap_or(usize::MAX),
+                    format!("a piece from another process cannot be read: {why}"),
                 )),
             },
         }
@@ -148,9 +150,8 @@ fn write<W: std::io::Write>(items: &[Piece], w: &mut W) -> std::io::Result<()> {
     Ok(())
 }
 
-fn read(mut bytes: Bytes) -> std::result::Result<Vec<Piece>, String> {
-    let mut words = Words { bytes: &mut bytes };
-    let count = words.next()?;
+/// The `count` pieces that follow the count word.
+fn read(words: &mut Words, count: u64) -> std::result::Result<Vec<Piece>, String> {
     let mut items = Vec::with_capacity(count.min(1024) as usize);
     for _ in 0..count {
         let (epoch, rank, n) = (words.next()?, words.next()?, words.next()?);
@@ -336,14 +337,13 @@ mod tests {
                     assert!(p.wire().as_ref().unwrap().shares(at), "rank {}", p.rank);
                 }
             }
-            let (bytes, mut back) = cross(pieces);
+            let (_, mut back) = cross(pieces);
             let got: Vec<_> = back
                 .take()
                 .unwrap()
                 .map(|p| (p.epoch, p.rank, p.indices.clone(), p.batch().clone()))
                 .collect();
             assert_eq!(got, want, "{world} ranks of {b}, shuffle {shuffle:?}");
-            let _ = bytes;
         }
     }
 

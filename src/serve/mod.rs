@@ -781,24 +781,7 @@ impl Served for ServedPipeline {
             "rows_featurized": self.featurized.load(Ordering::Relaxed),
             // Decoded input kept in memory (`--cache-mib`).
             "cached_input_bytes": self.inputs.as_ref().map(|i| i.cached_bytes()),
-            "pushed": self.ingest.as_ref().map(|i| {
-                let p = &i.counts;
-                serde_json::json!({
-                    "rows_in": p.rows_in.load(Ordering::Relaxed),
-                    "batches_in": p.batches_in.load(Ordering::Relaxed),
-                    "ended": p.ended.load(Ordering::Relaxed),
-                    "dropped_rows": p.dropped.load(Ordering::Relaxed),
-                    "duplicates": p.duplicates.load(Ordering::Relaxed),
-                    "durable": p.durable.load(Ordering::Relaxed),
-                    "replayed_records": p.replayed.load(Ordering::Relaxed),
-                    "replay_failed": i.replay_failed(),
-                    "steps_cut": p.steps_cut.load(Ordering::SeqCst),
-                    "committed_step": p.committed.load(Ordering::Relaxed).checked_sub(1),
-                    "spool_segments": p.segments.load(Ordering::Relaxed),
-                    "follow": self.follow.as_ref().map(|f| f.status()),
-                    "freshness": i.fresh.status(),
-                })
-            }),
+            "pushed": self.ingest.as_ref().map(|i| i.status(self.follow.as_ref().map(|f| f.status()))),
             "runs": runs.iter().map(|r| r.status()).collect::<Vec<_>>(),
         })
     }

@@ -432,6 +432,26 @@ impl Pushed {
     }
 
     /// Why replaying the spool stopped, if it did (read without the state's lock).
+    /// What `status` reports of pushed input; `follow`: a followed folder's own report.
+    pub fn status(&self, follow: Option<serde_json::Value>) -> serde_json::Value {
+        let p = &self.counts;
+        serde_json::json!({
+            "rows_in": p.rows_in.load(Ordering::Relaxed),
+            "batches_in": p.batches_in.load(Ordering::Relaxed),
+            "ended": p.ended.load(Ordering::Relaxed),
+            "dropped_rows": p.dropped.load(Ordering::Relaxed),
+            "duplicates": p.duplicates.load(Ordering::Relaxed),
+            "durable": p.durable.load(Ordering::Relaxed),
+            "replayed_records": p.replayed.load(Ordering::Relaxed),
+            "replay_failed": self.replay_failed(),
+            "steps_cut": p.steps_cut.load(Ordering::SeqCst),
+            "committed_step": p.committed.load(Ordering::Relaxed).checked_sub(1),
+            "spool_segments": p.segments.load(Ordering::Relaxed),
+            "follow": follow,
+            "freshness": self.fresh.status(),
+        })
+    }
+
     pub fn replay_failed(&self) -> Option<String> {
         lock(&self.counts.replay_failed).clone()
     }

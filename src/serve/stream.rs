@@ -17,7 +17,7 @@ use crate::delivery::RankBatch;
 /// before the ranks no one reads are let go ([`Consumer::let_unread_ranks_go`]): long
 /// enough for trainers that start a little apart, short enough that reading one rank alone
 /// is not a hang.
-pub const ABSENT_AFTER: Duration = Duration::from_secs(3);
+pub(super) const ABSENT_AFTER: Duration = Duration::from_secs(3);
 
 /// The runs a pipeline keeps; a consumer that takes a run's last batch removes it.
 pub(super) type Runs = Mutex<Vec<Arc<Run>>>;
