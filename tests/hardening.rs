@@ -68,6 +68,8 @@ fn arguments_are_checked_before_anything_runs() {
             vec!["--max-message-bytes", "0"],
             "--max-message-bytes",
         ),
+        ("serve", vec!["--absent-after", "0"], "--absent-after"),
+        ("serve", vec!["--absent-after", "1e9"], "--absent-after"),
     ] {
         let mut args = vec![command];
         args.extend(base);
