@@ -8,16 +8,19 @@ use arrow::datatypes::{Schema, SchemaRef};
 use hydrant_operators::Batch;
 
 use super::batch::{RankBatch, StepMeta, delivery_schema, padding_batch, with_padding};
+use super::fill::Fill;
 use super::gather::gather;
 use super::piece::Piece;
 use super::plan::Placement;
 use crate::error::{Error, Result};
 
-/// The rows of one step that have arrived: `(batch, [(slot, row)])` per piece.
+/// The rows of one step that have arrived: `(batch, [(slot, row)])` per piece, or, when
+/// shuffled, the rows themselves, copied into their slots on arrival ([`Fill`]).
 #[derive(Default)]
 struct Parts {
     rows: usize,
     parts: Vec<(RecordBatch, Vec<(u32, u32)>)>,
+    fill: Option<Fill>,
 }
 
 /// Assembles one rank's steps.
@@ -33,6 +36,8 @@ pub struct Assembler {
     epoch: u64,
     next_step: u64,
     pending: BTreeMap<(u64, u64), Parts>,
+    /// Whether steps are filled as rows arrive: shuffled steps of fixed-width columns.
+    fill: bool,
 }
 
 impl Assembler {
@@ -51,6 +56,7 @@ impl Assembler {
             // Made now so that an output type without padding is an error here.
             empty: padding_batch(output, 0)?,
             schema: delivery_schema(output),
+            fill: placement.shuffled() && Fill::supports(output),
             placement,
             rank,
             state_version,
@@ -121,11 +127,20 @@ impl Assembler {
                 picks.push((slot as u32, piece.row(k) as u32));
                 k += 1;
             }
-            parts.rows += picks.len();
-            if parts.rows as u64 > b {
+            if parts.rows + picks.len() > b as usize {
                 return Err(self.duplicate(piece.epoch, step));
             }
-            parts.parts.push((piece.batch().clone(), picks));
+            if self.fill {
+                let empty = self.empty.schema_ref();
+                let fill = parts
+                    .fill
+                    .get_or_insert_with(|| Fill::new(empty, b as usize));
+                fill.put(piece.batch(), &picks)?;
+                parts.rows += picks.len();
+            } else {
+                parts.rows += picks.len();
+                parts.parts.push((piece.batch().clone(), picks));
+            }
         }
         Ok(())
     }
@@ -182,6 +197,9 @@ impl Assembler {
     /// The `real` rows of a step in slot order: a zero-copy slice when they are one run of
     /// one batch, gathered otherwise.
     fn cut(&self, parts: Parts, real: usize) -> Result<RecordBatch> {
+        if let Some(fill) = parts.fill {
+            return fill.finish(self.empty.schema_ref(), real);
+        }
         if let [(batch, picks)] = parts.parts.as_slice() {
             let (_, first) = picks[0];
             let run = picks

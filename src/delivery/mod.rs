@@ -11,6 +11,7 @@
 
 mod assemble;
 mod batch;
+mod fill;
 mod gather;
 mod own;
 mod permute;

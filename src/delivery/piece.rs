@@ -243,10 +243,10 @@ fn place_each(
             let start = placement.window_start(p);
             let perm = placement
                 .shuffled()
-                .then(|| placement.window_permutation(epoch, start / k, (rows - start).min(k)));
+                .then(|| placement.window_order(epoch, start / k, (rows - start).min(k)));
             window = (start, start.saturating_add(k), perm);
         }
-        let i = match &window.2 {
+        let i = match &mut window.2 {
             Some(perm) => window.0 + perm.apply(p - window.0),
             None => p,
         };

@@ -1,16 +1,24 @@
 //! `EpochPlan`: where every row of an epoch goes — (step, rank, slot) — as a pure function
-//! of its position, computed in O(1) wherever the row is read.
+//! of its position, computed wherever the row is read.
 //!
 //! An epoch's *positions* are its rows in the order it reads them: the input's units (row
 //! groups, files) in input order, or permuted per epoch with `--shuffle`, their rows in
 //! turn. Position `p` becomes output index `i`: unshuffled `i = p`; shuffled, positions are
-//! permuted inside windows of `K` consecutive positions by a keyed bijection (a Feistel
-//! network keyed by seed, epoch and window, see [`Permutation`]), so rows mix with their
-//! window and a window is all anyone must hold (a block shuffle, as MosaicML's
+//! permuted inside windows of `K` consecutive positions by a keyed bijection, so rows mix
+//! with their window and a window is all anyone must hold (a block shuffle, as MosaicML's
 //! StreamingDataset does). Output index `i` is global step `i / (W·B)`, rank
 //! `(i mod W·B) / B`, slot `i mod B`. So every rank takes the same number of steps and
 //! every batch has exactly `B` rows: the last, short global step is filled with padding
 //! rows (`pad`) or left out (`drop`).
+//!
+//! A window's bijection ([`WindowOrder`]) is *strided* when the window is `m·B` rows and
+//! starts on a multiple of `B` (`K` a multiple of `B`, every full window): its `B`
+//! strata of `m` consecutive positions each give one row to each of the window's `m`
+//! batches — which row to which batch drawn per stratum (keyed by seed, epoch, window and
+//! stratum) — and a batch keeps its rows in position order. The rows one featurized batch
+//! gives a rank's batch are then one run of slots, so delivery moves runs, not rows.
+//! Other windows (an epoch's short last one, or `K` not a multiple of `B`) are permuted
+//! whole by a Feistel network ([`Permutation`]).
 //!
 //! The order is versioned ([`ORDER_VERSION`]): batches and summaries say which order they
 //! follow, and a change to this file that changes an order must bump it.
@@ -23,10 +31,10 @@ use rand_pcg::Pcg64Mcg;
 use super::permute::{Permutation, mix};
 use crate::error::{Error, Result};
 
-/// The version of the order this plan produces: 3 is the windowed keyed permutation with a
-/// multiply-shift round function (2 had a splitmix round function, 1 was a sequential
-/// shuffle buffer).
-pub const ORDER_VERSION: u32 = 3;
+/// The version of the order this plan produces: 4 is the strided window (see the module);
+/// 3 permuted every window whole with a multiply-shift Feistel network (2 had a splitmix
+/// round function, 1 was a sequential shuffle buffer).
+pub const ORDER_VERSION: u32 = 4;
 
 /// What happens to the rows of a last global step that is not full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -153,24 +161,40 @@ impl Placement {
     /// The output index of position `pos` in epoch `epoch` of `rows` rows. Pass
     /// `u64::MAX` for `rows` while the total is unknown: only the last window depends on
     /// it, so that is right for every window that is full.
-    #[inline]
     pub fn index(&self, epoch: u64, pos: u64, rows: u64) -> u64 {
         match self.window {
             None => pos,
             Some(k) => {
                 let start = pos - pos % k;
-                self.window_permutation(epoch, start / k, (rows - start).min(k))
-                    .apply(pos - start)
-                    + start
+                let len = (rows - start).min(k);
+                start + self.window_order(epoch, start / k, len).apply(pos - start)
             }
         }
     }
 
-    /// The bijection of window `window` (of `len` positions) of epoch `epoch`. Callers
-    /// that place many rows of one window make it once.
-    pub fn window_permutation(&self, epoch: u64, window: u64, len: u64) -> Permutation {
+    /// The bijection of window `window` (of `len` positions) of epoch `epoch`, from
+    /// offsets in the window to offsets in its output indices. Callers that place many
+    /// rows of one window make it once.
+    pub(crate) fn window_order(&self, epoch: u64, window: u64, len: u64) -> WindowOrder {
         let key = mix(mix(self.seed ^ mix(epoch)) ^ window);
-        Permutation::new(len, key)
+        let b = self.batch_size as u64;
+        if self.window().is_multiple_of(b) && len.is_multiple_of(b) && len > 0 {
+            WindowOrder::Strided(Strided {
+                batches: len / b,
+                strata: b,
+                key,
+                stratum: None,
+            })
+        } else {
+            WindowOrder::Keyed(Permutation::new(len, key))
+        }
+    }
+
+    /// Whether every full window is strided (see the module): the rows a featurized batch
+    /// gives one rank's step are then one run of its slots.
+    pub fn strided(&self) -> bool {
+        self.window
+            .is_some_and(|k| k.is_multiple_of(self.batch_size as u64))
     }
 
     /// Where output index `i` goes (the step may be past the last for `drop`).
@@ -227,6 +251,89 @@ impl Placement {
             }
         }
         order
+    }
+}
+
+/// A window's bijection, from offsets in the window to offsets in its output indices
+/// (see the module's documentation).
+#[derive(Debug, Clone)]
+pub(crate) enum WindowOrder {
+    /// A window of `m·B` rows whose strata each give one row to each of its batches.
+    Strided(Strided),
+    /// Any other window, permuted whole.
+    Keyed(Permutation),
+}
+
+impl WindowOrder {
+    /// Where offset `o` (< the window's length) goes. Offsets placed in ascending order
+    /// cost O(1) each (a stratum's draw is made once); any offset costs at most O(`m`).
+    #[inline]
+    pub(crate) fn apply(&mut self, o: u64) -> u64 {
+        match self {
+            WindowOrder::Strided(s) => s.apply(o),
+            WindowOrder::Keyed(p) => p.apply(o),
+        }
+    }
+}
+
+/// A strided window of `m·B` positions: position `a·m + c` (stratum `a < B`, `c < m`) goes
+/// to offset `π_a(c)·B + a`, so batch `j` of the window takes, from every stratum, the row
+/// `π_a` sends to it, at slot `a`: its rows in position order.
+#[derive(Debug, Clone)]
+pub(crate) struct Strided {
+    /// `m`: the window's batches, and the positions of a stratum.
+    batches: u64,
+    /// `B`: the strata, and the rows of a batch.
+    strata: u64,
+    key: u64,
+    /// The stratum last drawn, and its draw.
+    stratum: Option<(u64, StratumDraw)>,
+}
+
+/// Which batch each row of a stratum goes to: a shuffled table for small strata (exactly
+/// uniform), a Feistel network past [`TABLE_MAX`] (whose small domains are measurably
+/// uneven, see `permute.rs`, and whose large ones need no table).
+#[derive(Debug, Clone)]
+enum StratumDraw {
+    Table(Vec<u32>),
+    Keyed(Permutation),
+}
+
+/// The largest stratum drawn as a table.
+const TABLE_MAX: u64 = 1 << 12;
+
+impl Strided {
+    #[inline]
+    fn apply(&mut self, o: u64) -> u64 {
+        let m = self.batches;
+        let (a, c) = (o / m, o % m);
+        let draw = match &self.stratum {
+            Some((s, draw)) if *s == a => draw,
+            _ => {
+                &self
+                    .stratum
+                    .insert((a, Self::draw(m, mix(self.key ^ mix(a)))))
+                    .1
+            }
+        };
+        let j = match draw {
+            StratumDraw::Table(t) => u64::from(t[c as usize]),
+            StratumDraw::Keyed(p) => p.apply(c),
+        };
+        j * self.strata + a
+    }
+
+    fn draw(m: u64, key: u64) -> StratumDraw {
+        if m > TABLE_MAX {
+            return StratumDraw::Keyed(Permutation::new(m, key));
+        }
+        // Fisher–Yates, with the unit order's generator and draw.
+        let mut table: Vec<u32> = (0..m as u32).collect();
+        let mut rng = Pcg64Mcg::seed_from_u64(key);
+        for i in (1..table.len()).rev() {
+            table.swap(i, below(&mut rng, i as u64 + 1) as usize);
+        }
+        StratumDraw::Table(table)
     }
 }
 
@@ -516,6 +623,30 @@ mod tests {
             }
         }
 
+        /// A strided window (`m·B` rows, `K` a multiple of `B`) gives each of its `m`
+        /// batches one row of each stratum of `m` consecutive positions, at the stratum's
+        /// slot: a batch's rows keep their order.
+        #[test]
+        fn strided_windows_take_one_row_per_stratum(
+            units in prop::collection::vec(prop_oneof![Just(0u64), 1u64..40, 100u64..300], 0..12),
+            (w, b, m) in (1usize..5, 1usize..20, 1u64..20),
+            epoch in 0u64..3,
+        ) {
+            let p = plan(units, w, b, LastBatch::Pad, Some(m * b as u64));
+            let (k, b) = (p.placement().window(), b as u64);
+            prop_assert!(p.placement().strided());
+            for pos in 0..p.rows() {
+                let start = pos - pos % k;
+                let len = (p.rows() - start).min(k);
+                if len % b != 0 {
+                    continue;
+                }
+                let m = len / b;
+                let at = p.index(epoch, pos) - start;
+                prop_assert_eq!(at % b, (pos - start) / m);
+            }
+        }
+
         /// Units said to be skippable at a start step hold only rows delivered before it;
         /// unshuffled, every unit wholly before it is skippable.
         #[test]
@@ -583,7 +714,40 @@ mod tests {
         assert_eq!(p.order(0), PINNED);
     }
 
-    const PINNED: [u64; 8] = [2, 1, 0, 5, 4, 3, 7, 6];
+    const PINNED: [u64; 8] = [2, 1, 0, 3, 5, 4, 6, 7];
+
+    #[test]
+    fn a_fixed_seed_gives_a_fixed_strided_order() {
+        // Pinned as above: 2 ranks of 2, windows of 8 (two batches of each stratum of 2).
+        let p = plan(vec![8, 8], 2, 2, LastBatch::Pad, Some(8));
+        assert_eq!(p.order(0), PINNED_STRIDED);
+    }
+
+    const PINNED_STRIDED: [u64; 16] = [3, 7, 1, 4, 2, 5, 0, 6, 8, 14, 11, 13, 10, 15, 9, 12];
+
+    /// Over the strata of Criteo-sized windows (m = 16 batches), each row of a stratum
+    /// goes to each batch about equally often (a chi-square per cell near 1).
+    #[test]
+    fn strata_spread_their_rows_over_every_batch() {
+        let (k, b) = (65_536u64, 4_096u64);
+        let m = k / b;
+        let placement = Placement::new(2, b as usize, LastBatch::Pad, 3, Some(k)).unwrap();
+        let mut count = vec![0u64; (m * m) as usize];
+        for window in 0..8 {
+            let mut order = placement.window_order(0, window, k);
+            for o in 0..k {
+                let j = order.apply(o) / b;
+                count[((o % m) * m + j) as usize] += 1;
+            }
+        }
+        let expected = (8 * k / (m * m)) as f64;
+        let chi: f64 = count
+            .iter()
+            .map(|&c| (c as f64 - expected).powi(2) / expected)
+            .sum::<f64>()
+            / count.len() as f64;
+        assert!(chi < 1.3, "chi-square per cell {chi:.2}");
+    }
 
     #[test]
     fn bad_plans_are_usage_errors() {
