@@ -268,39 +268,10 @@ fn layout(what: &str) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, UInt64Array};
     use arrow::datatypes::Field;
 
     use super::*;
-
-    fn batch(first: u64, n: u64, nulls: bool) -> RecordBatch {
-        let item = Arc::new(Field::new("item", DataType::Int64, false));
-        let ids: Vec<i64> = (first..first + n)
-            .flat_map(|r| [r as i64, -(r as i64), 7])
-            .collect();
-        let tensor =
-            FixedSizeListArray::try_new(item.clone(), 3, Arc::new(Int64Array::from(ids)), None)
-                .unwrap();
-        let labels: Float32Array = (first..first + n)
-            .map(|r| (!nulls || r % 2 == 0).then_some(r as f32))
-            .collect();
-        let schema = Schema::new(vec![
-            Field::new("row", DataType::UInt64, false),
-            Field::new("ids", DataType::FixedSizeList(item, 3), false),
-            Field::new("label", DataType::Float32, true),
-        ]);
-        RecordBatch::try_new(
-            Arc::new(schema),
-            vec![
-                Arc::new(UInt64Array::from_iter_values(first..first + n)),
-                Arc::new(tensor),
-                Arc::new(labels),
-            ],
-        )
-        .unwrap()
-    }
+    use crate::delivery::gather::tests::batch;
 
     /// Rows put into their slots come out as `take` would give them, nulls or not, from
     /// sliced sources too.

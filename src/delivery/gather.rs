@@ -156,13 +156,15 @@ fn copy_fixed<T: ArrowNativeType, const W: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use arrow::array::{Float32Array, Int64Array, UInt64Array};
     use arrow::datatypes::{Field, Schema};
 
     use super::*;
 
-    fn batch(first: u64, n: u64, nulls: bool) -> RecordBatch {
+    /// Rows `first..first + n`: `row` (the row), `ids` (three values a row) and `label`
+    /// (every other one null with `nulls`).
+    pub(in crate::delivery) fn batch(first: u64, n: u64, nulls: bool) -> RecordBatch {
         let item = Arc::new(Field::new("item", DataType::Int64, false));
         let ids: Vec<i64> = (first..first + n)
             .flat_map(|r| [r as i64, -(r as i64), 7])
