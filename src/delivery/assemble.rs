@@ -2,11 +2,13 @@
 //! and emits the rank's steps in step order, each with exactly `B` rows (the last padded).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use hydrant_operators::Batch;
 
+use super::arena::Arena;
 use super::batch::{RankBatch, StepMeta, delivery_schema, padding_batch, with_padding};
 use super::fill::Fill;
 use super::gather::gather;
@@ -21,6 +23,8 @@ struct Parts {
     rows: usize,
     parts: Vec<(RecordBatch, Vec<(u32, u32)>)>,
     fill: Option<Fill>,
+    /// The rows are in the arena.
+    in_arena: bool,
 }
 
 /// Assembles one rank's steps.
@@ -38,6 +42,8 @@ pub struct Assembler {
     pending: BTreeMap<(u64, u64), Parts>,
     /// Whether steps are filled as rows arrive: shuffled steps of fixed-width columns.
     fill: bool,
+    /// Where filled steps are, when this process's readers fill them.
+    arena: Option<Arc<Arena>>,
 }
 
 impl Assembler {
@@ -57,6 +63,7 @@ impl Assembler {
             empty: padding_batch(output, 0)?,
             schema: delivery_schema(output),
             fill: placement.shuffled() && Fill::supports(output),
+            arena: None,
             placement,
             rank,
             state_version,
@@ -65,6 +72,13 @@ impl Assembler {
             next_step: step,
             pending: BTreeMap::new(),
         })
+    }
+
+    /// Fills shuffled steps in `arena`, which this process's readers fill too (see
+    /// [`Arena`]).
+    pub fn with_arena(mut self, arena: Option<Arc<Arena>>) -> Self {
+        self.arena = arena.filter(|_| self.fill);
+        self
     }
 
     /// The rank assembled.
@@ -101,45 +115,31 @@ impl Assembler {
 
     /// Takes a piece of this rank's rows.
     pub fn push(&mut self, piece: &Piece) -> Result<()> {
-        let b = self.placement.batch_size() as u64;
-        let step_rows = self.placement.step_rows();
-        let mut k = 0;
-        while k < piece.indices.len() {
-            // Indices ascend: one division finds the step, then slots are offsets in it.
-            let step = piece.indices[k] / step_rows;
+        let b = self.placement.batch_size();
+        for (step, picks) in step_runs(&self.placement, self.rank, piece)? {
             if (piece.epoch, step) < (self.epoch, self.next_step) {
                 return Err(self.duplicate(piece.epoch, step));
             }
-            let first = step * step_rows + self.rank as u64 * b;
-            let parts = self.pending.entry((piece.epoch, step)).or_default();
-            let mut picks = Vec::new();
-            while let Some(&i) = piece.indices.get(k) {
-                if i >= (step + 1) * step_rows {
-                    break;
-                }
-                let slot = i.wrapping_sub(first);
-                if slot >= b {
-                    return Err(Error::Dataflow(format!(
-                        "rank {} received row {i} of epoch {}, which is another rank's",
-                        self.rank, piece.epoch
-                    )));
-                }
-                picks.push((slot as u32, piece.row(k) as u32));
-                k += 1;
-            }
-            if parts.rows + picks.len() > b as usize {
+            let key = (piece.epoch, step);
+            let parts = self.pending.entry(key).or_default();
+            if parts.rows + picks.len() > b {
                 return Err(self.duplicate(piece.epoch, step));
             }
-            if self.fill {
-                let empty = self.empty.schema_ref();
-                let fill = parts
-                    .fill
-                    .get_or_insert_with(|| Fill::new(empty, b as usize));
-                fill.put(piece.batch(), &picks)?;
-                parts.rows += picks.len();
-            } else {
-                parts.rows += picks.len();
-                parts.parts.push((piece.batch().clone(), picks));
+            parts.rows += picks.len();
+            match (&self.arena, self.fill) {
+                // The reader put the rows in the arena already.
+                _ if piece.filled => parts.in_arena = true,
+                (Some(arena), true) => {
+                    arena.put((piece.epoch, step, self.rank), piece.batch(), &picks)?;
+                    parts.in_arena = true;
+                }
+                (None, true) => {
+                    let empty = self.empty.schema_ref();
+                    let fill = parts.fill.get_or_insert_with(|| Fill::new(empty, b));
+                    let sources = fill.sources(piece.batch())?;
+                    fill.put_from(&sources, &picks)?;
+                }
+                (_, false) => parts.parts.push((piece.batch().clone(), picks)),
             }
         }
         Ok(())
@@ -191,12 +191,22 @@ impl Assembler {
         // A dropped last step's rows (pushed input only) are let go.
         let epoch = self.epoch;
         self.pending.retain(|&(e, _), _| e != epoch);
+        if let Some(arena) = &self.arena {
+            arena.forget(epoch, self.rank);
+        }
         Ok(())
     }
 
     /// The `real` rows of a step in slot order: a zero-copy slice when they are one run of
     /// one batch, gathered otherwise.
     fn cut(&self, parts: Parts, real: usize) -> Result<RecordBatch> {
+        if parts.in_arena {
+            let key = (self.epoch, self.next_step, self.rank);
+            let arena = self.arena.as_ref().ok_or_else(|| {
+                Error::Dataflow("a step filled in an arena reached an owner without one".into())
+            })?;
+            return arena.take(key)?.finish(self.empty.schema_ref(), real);
+        }
         if let Some(fill) = parts.fill {
             return fill.finish(self.empty.schema_ref(), real);
         }
@@ -227,6 +237,40 @@ impl Assembler {
         }
         gather(self.empty.schema_ref(), &sources, &picks)
     }
+}
+
+/// One step's rows of a piece: the step, and `(slot, row)` for each row.
+pub(crate) type StepRun = (u64, Vec<(u32, u32)>);
+
+/// The rows of `piece` (for `rank`) step by step, in step order: what an owner, or a
+/// reader filling the arena, puts where.
+pub(crate) fn step_runs(placement: &Placement, rank: usize, piece: &Piece) -> Result<Vec<StepRun>> {
+    let b = placement.batch_size() as u64;
+    let step_rows = placement.step_rows();
+    let mut runs = Vec::new();
+    let mut k = 0;
+    while k < piece.indices.len() {
+        // Indices are grouped by step: one division finds the step, slots are offsets.
+        let step = piece.indices[k] / step_rows;
+        let first = step * step_rows + rank as u64 * b;
+        let mut picks = Vec::new();
+        while let Some(&i) = piece.indices.get(k) {
+            if i / step_rows != step {
+                break;
+            }
+            let slot = i.wrapping_sub(first);
+            if slot >= b {
+                return Err(Error::Dataflow(format!(
+                    "rank {rank} received row {i} of epoch {}, which is another rank's",
+                    piece.epoch
+                )));
+            }
+            picks.push((slot as u32, piece.row(k) as u32));
+            k += 1;
+        }
+        runs.push((step, picks));
+    }
+    Ok(runs)
 }
 
 #[cfg(test)]

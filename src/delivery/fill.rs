@@ -1,15 +1,14 @@
 //! A shuffled step filled as its rows arrive: each piece's rows are copied into the step's
-//! own buffers when the piece reaches its owner, not gathered once the step is complete.
+//! own buffers soon after the piece's batch is featurized, not gathered once the step is
+//! complete.
 //!
 //! A shuffled step draws its rows from every featurized batch of a window (16 of them for
 //! Criteo rows, `--shuffle-window 65536` and `B = 4096`). Gathered at the end, each row
-//! was read long after it left the cache. A piece reaches its owner soon after its batch is
-//! featurized: on the same worker within the same step of the dataflow, else through the
-//! process's channels or off the network, and its rows are copied then. With strided
+//! was read long after it left the cache. Now the reader copies the rows for its own
+//! process's ranks while the batch is in its cache ([`Arena`](super::arena::Arena)), and
+//! an owner copies rows that came from another process when they arrive. With strided
 //! windows (see `plan.rs`) a piece's rows of one step fill consecutive slots, so the
-//! writes run forward too. Measured on Criteo rows (1M, 2 ranks): one worker's shuffled
-//! run took 4–10% less CPU than gathering; with two workers, whose pieces for the other
-//! worker's rank are read on another core, about 2% less.
+//! writes run forward too.
 //!
 //! Only columns of fixed width (primitives, and `FixedSizeList`s of primitives without
 //! null items: every featurized column) can be filled; a plan with other columns keeps
@@ -28,6 +27,12 @@ pub(crate) struct Fill {
     /// Which slots hold a row.
     filled: Vec<bool>,
     /// Slots filled so far.
+    rows: usize,
+}
+
+/// A piece's columns as rows of bytes, with their nulls (see [`Fill::sources`]).
+pub(crate) struct Sources {
+    columns: Vec<(Buffer, Option<NullBuffer>)>,
     rows: usize,
 }
 
@@ -73,13 +78,43 @@ impl Fill {
 
     /// Copies rows of `batch` into their slots: `picks` are `(slot, row)`. Fails, copying
     /// nothing, on a slot already filled or past `B`, or a column of another layout.
+    #[cfg(test)]
     pub(crate) fn put(&mut self, batch: &RecordBatch, picks: &[(u32, u32)]) -> Result<()> {
+        let sources = self.sources(batch)?;
+        self.put_from(&sources, picks)
+    }
+
+    /// `batch`'s columns as this step's rows are copied from them (made once a piece, for
+    /// the [`Fill::put_from`] calls of all its steps). Fails on a column of another layout.
+    pub(crate) fn sources(&self, batch: &RecordBatch) -> Result<Sources> {
         if batch.num_columns() != self.columns.len() {
+            return Err(layout("a piece has other columns than its step"));
+        }
+        let columns = batch
+            .columns()
+            .iter()
+            .zip(&self.columns)
+            .map(|(array, column)| {
+                source(array.as_ref(), column.row_bytes)
+                    .ok_or_else(|| layout("a piece's column is not of fixed width"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sources {
+            columns,
+            rows: batch.num_rows(),
+        })
+    }
+
+    /// Copies rows of `sources` (made by [`Fill::sources`] of a step of the same columns)
+    /// into their slots: `picks` are `(slot, row)`. Fails, copying nothing, on a slot
+    /// already filled or past `B`, or a row past the batch.
+    pub(crate) fn put_from(&mut self, sources: &Sources, picks: &[(u32, u32)]) -> Result<()> {
+        if sources.columns.len() != self.columns.len() {
             return Err(layout("a piece has other columns than its step"));
         }
         for (k, &(slot, row)) in picks.iter().enumerate() {
             let free = self.filled.get(slot as usize).is_some_and(|f| !f);
-            if !free || row as usize >= batch.num_rows() {
+            if !free || row as usize >= sources.rows {
                 for &(slot, _) in &picks[..k] {
                     self.filled[slot as usize] = false;
                 }
@@ -89,26 +124,11 @@ impl Fill {
             }
             self.filled[slot as usize] = true;
         }
-        let sources = batch
-            .columns()
-            .iter()
-            .zip(&self.columns)
-            .map(|(array, column)| {
-                source(array.as_ref(), column.row_bytes)
-                    .ok_or_else(|| layout("a piece's column is not of fixed width"))
-            })
-            .collect::<Result<Vec<_>>>();
-        let sources = match sources {
-            Ok(sources) => sources,
-            Err(e) => {
-                for &(slot, _) in picks {
-                    self.filled[slot as usize] = false;
-                }
-                return Err(e);
-            }
-        };
         let b = self.filled.len();
-        for ((bytes, nulls), column) in sources.iter().zip(&mut self.columns) {
+        for ((bytes, nulls), column) in sources.columns.iter().zip(&mut self.columns) {
+            if bytes.len() != sources.rows * column.row_bytes {
+                return Err(layout("a piece's column is not of its step's width"));
+            }
             column.put(bytes, nulls.as_ref(), picks, b);
         }
         self.rows += picks.len();

@@ -9,6 +9,7 @@
 //! the worker that owns a rank ([`Ownership`]) assembles its steps ([`Assembler`], the
 //! `own` operator). Nothing is sequential across ranks and no worker sees every row.
 
+mod arena;
 mod assemble;
 mod batch;
 mod fill;
@@ -24,6 +25,7 @@ mod wire;
 use std::ops::Range;
 use std::sync::Arc;
 
+pub use arena::Arena;
 pub use assemble::Assembler;
 pub use batch::{IS_PADDING, RankBatch, StepMeta, delivery_schema};
 pub use own::own;

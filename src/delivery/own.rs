@@ -21,16 +21,19 @@ use timely::dataflow::operators::Operator;
 use timely::dataflow::{Stream, StreamVec};
 
 use super::Delivery;
+use super::arena::Arena;
 use super::assemble::Assembler;
 use super::batch::RankBatch;
 use super::wire::Pieces;
 use crate::error::Result;
 
 /// Assembles the steps of `ranks` (those this worker owns; the stream must bring it
-/// every piece of them). Errors go to `errors`, and the operator then lets go.
+/// every piece of them), filling shuffled steps in `arena` when there is one. Errors go to
+/// `errors`, and the operator then lets go.
 pub fn own<'s>(
     stream: Stream<'s, u64, Pieces>,
     delivery: Delivery,
+    arena: Option<Arc<Arena>>,
     ranks: Vec<usize>,
     output: Arc<Schema>,
     state_version: u64,
@@ -47,7 +50,8 @@ pub fn own<'s>(
                 .iter()
                 .map(|&r| {
                     let assembler =
-                        Assembler::new(placement, r, &output, state_version, rows, start)?;
+                        Assembler::new(placement, r, &output, state_version, rows, start)?
+                            .with_arena(arena.clone());
                     Ok(Owned {
                         assembler,
                         cut: VecDeque::new(),

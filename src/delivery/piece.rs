@@ -27,6 +27,9 @@ pub struct Piece {
     /// The batch's row of each index; `None`: rows `0..` in order.
     rows: Option<Vec<u32>>,
     batch: RecordBatch,
+    /// Whether the rows are in the process's [`Arena`](super::arena::Arena) already (put
+    /// there by the reader): the piece only counts them, and never leaves the process.
+    pub(crate) filled: bool,
     /// This piece's rows as Arrow IPC, made the first time it is serialized: timely
     /// serializes a message twice (once to size it, once to write it), and the rows
     /// must be taken and encoded only once.
@@ -42,7 +45,20 @@ impl Piece {
             indices,
             rows: None,
             batch,
+            filled: false,
             wire: OnceLock::new(),
+        }
+    }
+
+    /// This piece once its rows are in the arena: their indices, to be counted, without
+    /// the batch.
+    pub(crate) fn into_filled(self) -> Piece {
+        Piece {
+            batch: RecordBatch::new_empty(self.batch.schema()),
+            rows: None,
+            filled: true,
+            wire: OnceLock::new(),
+            ..self
         }
     }
 
@@ -59,8 +75,14 @@ impl Piece {
     /// This piece's rows as they cross processes (made once: timely sizes a message, then
     /// writes it).
     pub(super) fn wire(&self) -> &std::result::Result<Wire, String> {
-        self.wire
-            .get_or_init(|| Wire::encode(&self.own_rows().map_err(|e| e.to_string())?))
+        self.wire.get_or_init(|| {
+            if self.filled {
+                return Err(
+                    "a piece whose rows are in one process's arena was sent to another".into(),
+                );
+            }
+            Wire::encode(&self.own_rows().map_err(|e| e.to_string())?)
+        })
     }
 
     /// Only this piece's rows, in index order: a slice when they are one run of the
@@ -128,6 +150,7 @@ fn split_in_order(
                 indices,
                 rows: Some(rows),
                 batch: batch.clone(),
+                filled: false,
                 wire: OnceLock::new(),
             });
         }
@@ -169,6 +192,7 @@ pub fn split_at(
             indices,
             rows: Some(rows),
             batch: batch.clone(),
+            filled: false,
             wire: OnceLock::new(),
         });
     }
@@ -265,6 +289,16 @@ mod tests {
 
     use super::*;
     use crate::delivery::plan::{LastBatch, Placement};
+
+    /// A piece whose rows are in its process's arena cannot be sent to another process.
+    #[test]
+    fn a_filled_piece_does_not_cross_processes() {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::UInt64, false)]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![1, 2]))]);
+        let piece = Piece::new(0, 0, vec![0, 1], batch.unwrap());
+        assert!(piece.wire().is_ok());
+        assert!(piece.into_filled().wire().is_err());
+    }
 
     proptest::proptest! {
         /// Splitting rows in order run by run gives the pieces placing each row gives.

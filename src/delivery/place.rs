@@ -1,6 +1,8 @@
 //! The `place` operator: splits each featurized batch into pieces by destination rank.
 
 use arrow::array::{AsArray, RecordBatch};
+use std::sync::Arc;
+
 use arrow::datatypes::UInt64Type;
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Pipeline;
@@ -10,7 +12,10 @@ use timely::dataflow::{Stream, StreamVec};
 use hydrant_operators::{Batch, ErrorSlot, ROW_ID};
 
 use super::Delivery;
-use super::piece::{split, split_at};
+use super::arena::Arena;
+use super::assemble::step_runs;
+use super::piece::{Piece, split, split_at};
+use super::plan::{Ownership, Placement};
 use super::wire::Pieces;
 
 /// Places the rows of a stream of featurized batches, each stamped (`seq`) with the time
@@ -19,11 +24,26 @@ pub trait PlaceRows<'s> {
     /// One piece per rank that receives rows of a batch, at the batch's time. With
     /// [`Delivery::only`], a batch holds only that rank's rows, not all of a run of
     /// positions: their `row_id`s say where each sits.
-    fn place_rows(self, delivery: Delivery, errors: ErrorSlot) -> Stream<'s, u64, Pieces>;
+    ///
+    /// With `fill` (this process's arena, the ranks' ownership and this process's index),
+    /// shuffled rows for ranks this process owns are put in the arena here, and their
+    /// pieces only count them.
+    fn place_rows(
+        self,
+        delivery: Delivery,
+        fill: Option<(Arc<Arena>, Ownership, usize)>,
+        errors: ErrorSlot,
+    ) -> Stream<'s, u64, Pieces>;
 }
 
 impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
-    fn place_rows(self, delivery: Delivery, errors: ErrorSlot) -> Stream<'s, u64, Pieces> {
+    fn place_rows(
+        self,
+        delivery: Delivery,
+        fill: Option<(Arc<Arena>, Ownership, usize)>,
+        errors: ErrorSlot,
+    ) -> Stream<'s, u64, Pieces> {
+        let fill = fill.filter(|_| delivery.plan.shuffled());
         self.unary::<CapacityContainerBuilder<Pieces>, _, _, _>(Pipeline, "Place", move |_, _| {
             let mut pieces = Vec::new();
             move |input, output| {
@@ -64,12 +84,34 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                         } else {
                             errors.set("place", format!("a featurized batch has no `{ROW_ID}`"));
                         }
-                        session.give_iterator(pieces.drain(..));
+                        for piece in pieces.drain(..) {
+                            let piece = match &fill {
+                                Some((arena, ownership, process))
+                                    if ownership.process(piece.rank) == *process =>
+                                {
+                                    if let Err(e) = put(arena, plan.placement(), &piece) {
+                                        errors.set("place", e);
+                                        return;
+                                    }
+                                    piece.into_filled()
+                                }
+                                _ => piece,
+                            };
+                            session.give(piece);
+                        }
                     }
                 });
             }
         })
     }
+}
+
+/// Puts `piece`'s rows in the arena, step by step.
+fn put(arena: &Arena, placement: &Placement, piece: &Piece) -> crate::error::Result<()> {
+    for (step, picks) in step_runs(placement, piece.rank, piece)? {
+        arena.put((piece.epoch, step, piece.rank), piece.batch(), &picks)?;
+    }
+    Ok(())
 }
 
 fn row_ids(batch: &RecordBatch) -> Option<&[u64]> {

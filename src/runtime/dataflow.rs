@@ -33,7 +33,7 @@ use super::cluster::Cluster;
 use super::fate::{self, Fate};
 use super::gather::all_to_all;
 use crate::delivery::{
-    Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own, rank_rows,
+    Arena, Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own, rank_rows,
 };
 use crate::error::{Error, Result};
 use crate::loader::LoaderFeed;
@@ -161,6 +161,8 @@ pub struct Job {
     /// The state this run fitted, bound once for every worker of the process (binding
     /// builds the vocabulary indexes, the slow part, on every core already).
     fitted_binding: Mutex<Option<Transformer>>,
+    /// Shuffled steps being filled, shared by the process's workers.
+    arena: Option<Arc<Arena>>,
 }
 
 impl Job {
@@ -174,6 +176,11 @@ impl Job {
         bound: Option<Transformer>,
         delivery: Delivery,
     ) -> Self {
+        let arena = delivery
+            .plan
+            .shuffled()
+            .then(|| Arena::new(&plan.output_schema(), delivery.plan.batch_size()))
+            .flatten();
         Job {
             inputs,
             plan,
@@ -186,6 +193,7 @@ impl Job {
             featurized: Default::default(),
             errors: ErrorSlot::default(),
             fitted_binding: Mutex::default(),
+            arena,
         }
     }
 
@@ -429,11 +437,16 @@ fn run_worker(
         let pieces = scope
             .input_from(&mut input)
             .featurize(transformer, errors.clone())
-            .place_rows(delivery.clone(), errors.clone())
+            .place_rows(
+                delivery.clone(),
+                job.arena.clone().map(|a| (a, ownership, process)),
+                errors.clone(),
+            )
             .exchange(move |p: &Piece| ownership.worker(p.rank) as u64);
         own(
             pieces,
             delivery.clone(),
+            job.arena.clone(),
             mine,
             output_schema,
             version,
