@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 
-use super::fill::Fill;
+use super::assemble::StepRun;
+use super::fill::{Fill, Sources};
+use super::plan::Placement;
 use crate::error::{Error, Result};
 
 /// A step's key: epoch, step, rank.
@@ -36,13 +38,13 @@ impl std::fmt::Debug for Arena {
 }
 
 impl Arena {
-    /// An arena for steps of `batch_size` rows of `output`'s columns; `None` when they
-    /// cannot be filled (a column not of fixed width).
-    pub fn new(output: &Schema, batch_size: usize) -> Option<Arc<Self>> {
-        Fill::supports(output).then(|| {
+    /// An arena for the steps of `placement` of `output`'s columns; `None` unless rows are
+    /// shuffled and the columns can be filled (all of fixed width).
+    pub fn new(output: &Schema, placement: &Placement) -> Option<Arc<Self>> {
+        (placement.shuffled() && Fill::supports(output)).then(|| {
             Arc::new(Arena {
                 schema: Arc::new(output.clone()),
-                batch_size,
+                batch_size: placement.batch_size(),
                 steps: Mutex::default(),
             })
         })
@@ -53,12 +55,32 @@ impl Arena {
     }
 
     /// Copies rows `picks` (`(slot, row)`) of `batch` into step `key` (made if new).
+    #[cfg(test)]
     pub(crate) fn put(&self, key: Key, batch: &RecordBatch, picks: &[(u32, u32)]) -> Result<()> {
+        let sources = Sources::of(&self.schema, batch)?;
+        self.put_from(key, &sources, picks)
+    }
+
+    /// Copies a piece's rows of `batch` (of `rank`, epoch `epoch`) into their steps:
+    /// `runs` as [`step_runs`](super::assemble::step_runs) gives them.
+    pub(crate) fn put_runs(
+        &self,
+        (epoch, rank): (u64, usize),
+        batch: &RecordBatch,
+        runs: &[StepRun],
+    ) -> Result<()> {
+        let sources = Sources::of(&self.schema, batch)?;
+        for (step, picks) in runs {
+            self.put_from((epoch, *step, rank), &sources, picks)?;
+        }
+        Ok(())
+    }
+
+    fn put_from(&self, key: Key, sources: &Sources, picks: &[(u32, u32)]) -> Result<()> {
         let step = self.steps().entry(key).or_default().clone();
         let mut fill = step.lock().unwrap_or_else(PoisonError::into_inner);
         let fill = fill.get_or_insert_with(|| Fill::new(&self.schema, self.batch_size));
-        let sources = fill.sources(batch)?;
-        fill.put_from(&sources, picks)
+        fill.put_from(sources, picks)
     }
 
     /// Takes step `key` out, once every row of it has been put.
@@ -82,13 +104,15 @@ mod tests {
 
     use super::*;
     use crate::delivery::gather::tests::batch;
+    use crate::delivery::plan::LastBatch;
 
     /// Two threads put disjoint rows of one step; the owner takes it whole. A slot put
     /// twice, a step never put and a forgotten step are errors, not panics.
     #[test]
     fn readers_fill_one_step_and_its_owner_takes_it() {
         let source = batch(0, 8, false);
-        let arena = Arena::new(&source.schema(), 8).unwrap();
+        let placement = Placement::new(2, 8, LastBatch::Pad, 0, Some(16)).unwrap();
+        let arena = Arena::new(&source.schema(), &placement).unwrap();
         let key = (0, 3, 1);
         thread::scope(|s| {
             for half in 0..2u32 {

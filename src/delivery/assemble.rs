@@ -10,21 +10,17 @@ use hydrant_operators::Batch;
 
 use super::arena::Arena;
 use super::batch::{RankBatch, StepMeta, delivery_schema, padding_batch, with_padding};
-use super::fill::Fill;
 use super::gather::gather;
 use super::piece::Piece;
 use super::plan::Placement;
 use crate::error::{Error, Result};
 
-/// The rows of one step that have arrived: `(batch, [(slot, row)])` per piece, or, when
-/// shuffled, the rows themselves, copied into their slots on arrival ([`Fill`]).
+/// The rows of one step that have arrived: how many, and `(batch, [(slot, row)])` per
+/// piece (none when the step is filled in the arena).
 #[derive(Default)]
 struct Parts {
     rows: usize,
     parts: Vec<(RecordBatch, Vec<(u32, u32)>)>,
-    fill: Option<Fill>,
-    /// The rows are in the arena.
-    in_arena: bool,
 }
 
 /// Assembles one rank's steps.
@@ -40,9 +36,8 @@ pub struct Assembler {
     epoch: u64,
     next_step: u64,
     pending: BTreeMap<(u64, u64), Parts>,
-    /// Whether steps are filled as rows arrive: shuffled steps of fixed-width columns.
-    fill: bool,
-    /// Where filled steps are, when this process's readers fill them.
+    /// Where shuffled steps of fixed-width columns are filled as their rows arrive: the
+    /// assembler's own, or its process's, which the readers fill too.
     arena: Option<Arc<Arena>>,
 }
 
@@ -62,8 +57,7 @@ impl Assembler {
             // Made now so that an output type without padding is an error here.
             empty: padding_batch(output, 0)?,
             schema: delivery_schema(output),
-            fill: placement.shuffled() && Fill::supports(output),
-            arena: None,
+            arena: Arena::new(output, &placement),
             placement,
             rank,
             state_version,
@@ -75,9 +69,11 @@ impl Assembler {
     }
 
     /// Fills shuffled steps in `arena`, which this process's readers fill too (see
-    /// [`Arena`]).
+    /// [`Arena`]), instead of its own.
     pub fn with_arena(mut self, arena: Option<Arc<Arena>>) -> Self {
-        self.arena = arena.filter(|_| self.fill);
+        if self.arena.is_some() && arena.is_some() {
+            self.arena = arena;
+        }
         self
     }
 
@@ -115,34 +111,34 @@ impl Assembler {
 
     /// Takes a piece of this rank's rows.
     pub fn push(&mut self, piece: &Piece) -> Result<()> {
+        if piece.filled && self.arena.is_none() {
+            return Err(Error::Dataflow(
+                "a step filled in an arena reached an owner without one".into(),
+            ));
+        }
         let b = self.placement.batch_size();
+        let mut filled = Vec::new();
         for (step, picks) in step_runs(&self.placement, self.rank, piece)? {
             if (piece.epoch, step) < (self.epoch, self.next_step) {
                 return Err(self.duplicate(piece.epoch, step));
             }
-            let key = (piece.epoch, step);
-            let parts = self.pending.entry(key).or_default();
+            let parts = self.pending.entry((piece.epoch, step)).or_default();
             if parts.rows + picks.len() > b {
                 return Err(self.duplicate(piece.epoch, step));
             }
             parts.rows += picks.len();
-            match (&self.arena, self.fill) {
-                // The reader put the rows in the arena already.
-                _ if piece.filled => parts.in_arena = true,
-                (Some(arena), true) => {
-                    arena.put((piece.epoch, step, self.rank), piece.batch(), &picks)?;
-                    parts.in_arena = true;
-                }
-                (None, true) => {
-                    let empty = self.empty.schema_ref();
-                    let fill = parts.fill.get_or_insert_with(|| Fill::new(empty, b));
-                    let sources = fill.sources(piece.batch())?;
-                    fill.put_from(&sources, &picks)?;
-                }
-                (_, false) => parts.parts.push((piece.batch().clone(), picks)),
+            match self.arena {
+                Some(_) => filled.push((step, picks)),
+                None => parts.parts.push((piece.batch().clone(), picks)),
             }
         }
-        Ok(())
+        match &self.arena {
+            // Unless the reader put the rows in the arena already.
+            Some(arena) if !piece.filled => {
+                arena.put_runs((piece.epoch, self.rank), piece.batch(), &filled)
+            }
+            _ => Ok(()),
+        }
     }
 
     fn duplicate(&self, epoch: u64, step: u64) -> Error {
@@ -197,18 +193,14 @@ impl Assembler {
         Ok(())
     }
 
-    /// The `real` rows of a step in slot order: a zero-copy slice when they are one run of
-    /// one batch, gathered otherwise.
+    /// The `real` rows of a step in slot order: the step filled in the arena, a zero-copy
+    /// slice when they are one run of one batch, gathered otherwise.
     fn cut(&self, parts: Parts, real: usize) -> Result<RecordBatch> {
-        if parts.in_arena {
+        if let Some(arena) = &self.arena
+            && real > 0
+        {
             let key = (self.epoch, self.next_step, self.rank);
-            let arena = self.arena.as_ref().ok_or_else(|| {
-                Error::Dataflow("a step filled in an arena reached an owner without one".into())
-            })?;
             return arena.take(key)?.finish(self.empty.schema_ref(), real);
-        }
-        if let Some(fill) = parts.fill {
-            return fill.finish(self.empty.schema_ref(), real);
         }
         if let [(batch, picks)] = parts.parts.as_slice() {
             let (_, first) = picks[0];

@@ -26,14 +26,46 @@ pub(crate) struct Fill {
     columns: Vec<Column>,
     /// Which slots hold a row.
     filled: Vec<bool>,
-    /// Slots filled so far.
-    rows: usize,
 }
 
-/// A piece's columns as rows of bytes, with their nulls (see [`Fill::sources`]).
+/// A piece's columns as rows of bytes, with their nulls: made once a piece, for the
+/// [`Fill::put_from`] calls of all its steps.
 pub(crate) struct Sources {
     columns: Vec<(Buffer, Option<NullBuffer>)>,
     rows: usize,
+}
+
+impl Sources {
+    /// `batch`'s columns, laid out as `schema`'s (which [`Fill::supports`]). Fails on a
+    /// column of another layout.
+    pub(crate) fn of(schema: &Schema, batch: &RecordBatch) -> Result<Self> {
+        let widths = schema.fields().iter().map(|f| row_bytes(f.data_type()));
+        Sources::new(batch, widths)
+    }
+
+    /// `batch`'s columns, each of `widths` bytes a row (`None`: not of fixed width).
+    fn new(
+        batch: &RecordBatch,
+        widths: impl ExactSizeIterator<Item = Option<usize>>,
+    ) -> Result<Self> {
+        if batch.num_columns() != widths.len() {
+            return Err(layout("a piece has other columns than its step"));
+        }
+        let columns = batch
+            .columns()
+            .iter()
+            .zip(widths)
+            .map(|(array, width)| {
+                width
+                    .and_then(|n| source(array.as_ref(), n))
+                    .ok_or_else(|| layout("a piece's column is not of fixed width"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sources {
+            columns,
+            rows: batch.num_rows(),
+        })
+    }
 }
 
 /// One column of a step: `B` rows of `row_bytes` bytes, written as they arrive.
@@ -72,7 +104,6 @@ impl Fill {
         Fill {
             columns,
             filled: vec![false; b],
-            rows: 0,
         }
     }
 
@@ -80,33 +111,13 @@ impl Fill {
     /// nothing, on a slot already filled or past `B`, or a column of another layout.
     #[cfg(test)]
     pub(crate) fn put(&mut self, batch: &RecordBatch, picks: &[(u32, u32)]) -> Result<()> {
-        let sources = self.sources(batch)?;
+        let widths = self.columns.iter().map(|c| Some(c.row_bytes));
+        let sources = Sources::new(batch, widths)?;
         self.put_from(&sources, picks)
     }
 
-    /// `batch`'s columns as this step's rows are copied from them (made once a piece, for
-    /// the [`Fill::put_from`] calls of all its steps). Fails on a column of another layout.
-    pub(crate) fn sources(&self, batch: &RecordBatch) -> Result<Sources> {
-        if batch.num_columns() != self.columns.len() {
-            return Err(layout("a piece has other columns than its step"));
-        }
-        let columns = batch
-            .columns()
-            .iter()
-            .zip(&self.columns)
-            .map(|(array, column)| {
-                source(array.as_ref(), column.row_bytes)
-                    .ok_or_else(|| layout("a piece's column is not of fixed width"))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Sources {
-            columns,
-            rows: batch.num_rows(),
-        })
-    }
-
-    /// Copies rows of `sources` (made by [`Fill::sources`] of a step of the same columns)
-    /// into their slots: `picks` are `(slot, row)`. Fails, copying nothing, on a slot
+    /// Copies rows of `sources` (made by [`Sources::of`] for this step's schema) into
+    /// their slots: `picks` are `(slot, row)`. Fails, copying nothing, on a slot
     /// already filled or past `B`, or a row past the batch.
     pub(crate) fn put_from(&mut self, sources: &Sources, picks: &[(u32, u32)]) -> Result<()> {
         if sources.columns.len() != self.columns.len() {
@@ -131,8 +142,12 @@ impl Fill {
             }
             column.put(bytes, nulls.as_ref(), picks, b);
         }
-        self.rows += picks.len();
         Ok(())
+    }
+
+    /// Slots filled so far.
+    fn rows(&self) -> usize {
+        self.filled.iter().filter(|&&f| f).count()
     }
 
     /// The first `real` slots, every one filled, as a batch of `schema`.
@@ -140,7 +155,7 @@ impl Fill {
         if real > self.filled.len() || self.filled[..real].iter().any(|f| !f) {
             return Err(Error::Dataflow(format!(
                 "a step was emitted with {} of its {real} rows",
-                self.rows
+                self.rows()
             )));
         }
         let columns = self
@@ -307,7 +322,7 @@ mod tests {
             let seconds: Vec<(u32, u32)> = (0..12).map(|k| (2 * k + 1, 19 - k)).collect();
             fill.put(&sources[0], &firsts).unwrap();
             fill.put(&sources[1], &seconds).unwrap();
-            assert_eq!(fill.rows, 24);
+            assert_eq!(fill.rows(), 24);
             let got = fill.finish(&schema, 24).unwrap();
             for slot in 0..24 {
                 let (src, row) = if slot % 2 == 0 {
@@ -331,7 +346,7 @@ mod tests {
         assert!(fill.put(&source, &[(2, 2), (1, 3)]).is_err());
         assert!(fill.put(&source, &[(4, 4)]).is_err());
         assert!(fill.put(&source, &[(2, 10)]).is_err());
-        assert_eq!(fill.rows, 2);
+        assert_eq!(fill.rows(), 2);
         assert!(fill.finish(&schema, 3).is_err());
     }
 

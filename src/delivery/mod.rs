@@ -20,6 +20,7 @@ mod piece;
 mod place;
 mod plan;
 mod stream;
+mod window;
 mod wire;
 
 use std::ops::Range;

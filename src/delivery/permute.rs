@@ -1,10 +1,14 @@
 //! A keyed bijection on `0..n` for any `n`: a balanced Feistel network over the smallest
-//! even number of bits that covers `n`, with cycle-walking for values past `n`.
+//! even number of bits that covers `n`, with cycle-walking for values past `n`; and the
+//! keyed Fisher–Yates shuffle that orders units and strata.
 //!
 //! Hand-written because it must be O(1) per value, allocation-free and fixed forever (a
 //! change would change every user's shuffled order); the crates that offer format-preserving
 //! permutations either allocate a table, need a power-of-two domain, or do not promise a
 //! stable output across versions.
+
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
 
 /// Rounds of the network: six, beyond the four Luby–Rackoff needs for a pseudorandom
 /// permutation, so that a cheap round function still mixes well.
@@ -79,6 +83,21 @@ impl Permutation {
         }
         (left << self.half) | right
     }
+}
+
+/// Fisher–Yates over `items`, drawn from a PCG generator seeded by `seed`: the unit order of
+/// a shuffled epoch and a strided window's strata. Fixed here, draw included, so that
+/// orders do not change with the `rand` version.
+pub(crate) fn shuffle<T>(items: &mut [T], seed: u64) {
+    let mut rng = Pcg64Mcg::seed_from_u64(seed);
+    for i in (1..items.len()).rev() {
+        items.swap(i, below(&mut rng, i as u64 + 1) as usize);
+    }
+}
+
+/// A draw in `0..n` (n > 0) by multiply-shift.
+fn below(rng: &mut Pcg64Mcg, n: u64) -> u64 {
+    ((rng.next_u64() as u128 * n as u128) >> 64) as u64
 }
 
 /// A 64-bit finalizer with full avalanche (splitmix64's), fixed here so that orders never

@@ -26,8 +26,8 @@ pub trait PlaceRows<'s> {
     /// positions: their `row_id`s say where each sits.
     ///
     /// With `fill` (this process's arena, the ranks' ownership and this process's index),
-    /// shuffled rows for ranks this process owns are put in the arena here, and their
-    /// pieces only count them.
+    /// rows for ranks this process owns are put in the arena here, and their pieces only
+    /// count them.
     fn place_rows(
         self,
         delivery: Delivery,
@@ -43,7 +43,6 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
         fill: Option<(Arc<Arena>, Ownership, usize)>,
         errors: ErrorSlot,
     ) -> Stream<'s, u64, Pieces> {
-        let fill = fill.filter(|_| delivery.plan.shuffled());
         self.unary::<CapacityContainerBuilder<Pieces>, _, _, _>(Pipeline, "Place", move |_, _| {
             let mut pieces = Vec::new();
             move |input, output| {
@@ -106,12 +105,10 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
     }
 }
 
-/// Puts `piece`'s rows in the arena, step by step.
+/// Puts `piece`'s rows in the arena.
 fn put(arena: &Arena, placement: &Placement, piece: &Piece) -> crate::error::Result<()> {
-    for (step, picks) in step_runs(placement, piece.rank, piece)? {
-        arena.put((piece.epoch, step, piece.rank), piece.batch(), &picks)?;
-    }
-    Ok(())
+    let runs = step_runs(placement, piece.rank, piece)?;
+    arena.put_runs((piece.epoch, piece.rank), piece.batch(), &runs)
 }
 
 fn row_ids(batch: &RecordBatch) -> Option<&[u64]> {

@@ -11,7 +11,7 @@
 //! every batch has exactly `B` rows: the last, short global step is filled with padding
 //! rows (`pad`) or left out (`drop`).
 //!
-//! A window's bijection ([`WindowOrder`]) is *strided* when the window is `m·B` rows and
+//! A window's bijection (`WindowOrder`, in `window.rs`) is *strided* when the window is `m·B` rows and
 //! starts on a multiple of `B` (`K` a multiple of `B`, every full window): its `B`
 //! strata of `m` consecutive positions each give one row to each of the window's `m`
 //! batches — which row to which batch drawn per stratum (keyed by seed, epoch, window and
@@ -25,10 +25,8 @@
 
 use std::str::FromStr;
 
-use rand::{Rng, SeedableRng};
-use rand_pcg::Pcg64Mcg;
-
-use super::permute::{Permutation, mix};
+use super::permute::{Permutation, mix, shuffle};
+use super::window::WindowOrder;
 use crate::error::{Error, Result};
 
 /// The version of the order this plan produces: 4 is the strided window (see the module);
@@ -179,12 +177,7 @@ impl Placement {
         let key = mix(mix(self.seed ^ mix(epoch)) ^ window);
         let b = self.batch_size as u64;
         if self.window().is_multiple_of(b) && len.is_multiple_of(b) && len > 0 {
-            WindowOrder::Strided(Strided {
-                batches: len / b,
-                strata: b,
-                key,
-                stratum: None,
-            })
+            WindowOrder::strided(len / b, b, key)
         } else {
             WindowOrder::Keyed(Permutation::new(len, key))
         }
@@ -245,95 +238,9 @@ impl Placement {
                 &[self.seed.to_le_bytes(), epoch.to_le_bytes()].concat(),
                 0,
             );
-            let mut rng = Pcg64Mcg::seed_from_u64(mix);
-            for i in (1..order.len()).rev() {
-                order.swap(i, below(&mut rng, i as u64 + 1) as usize);
-            }
+            shuffle(&mut order, mix);
         }
         order
-    }
-}
-
-/// A window's bijection, from offsets in the window to offsets in its output indices
-/// (see the module's documentation).
-#[derive(Debug, Clone)]
-pub(crate) enum WindowOrder {
-    /// A window of `m·B` rows whose strata each give one row to each of its batches.
-    Strided(Strided),
-    /// Any other window, permuted whole.
-    Keyed(Permutation),
-}
-
-impl WindowOrder {
-    /// Where offset `o` (< the window's length) goes. Offsets placed in ascending order
-    /// cost O(1) each (a stratum's draw is made once); any offset costs at most O(`m`).
-    #[inline]
-    pub(crate) fn apply(&mut self, o: u64) -> u64 {
-        match self {
-            WindowOrder::Strided(s) => s.apply(o),
-            WindowOrder::Keyed(p) => p.apply(o),
-        }
-    }
-}
-
-/// A strided window of `m·B` positions: position `a·m + c` (stratum `a < B`, `c < m`) goes
-/// to offset `π_a(c)·B + a`, so batch `j` of the window takes, from every stratum, the row
-/// `π_a` sends to it, at slot `a`: its rows in position order.
-#[derive(Debug, Clone)]
-pub(crate) struct Strided {
-    /// `m`: the window's batches, and the positions of a stratum.
-    batches: u64,
-    /// `B`: the strata, and the rows of a batch.
-    strata: u64,
-    key: u64,
-    /// The stratum last drawn, and its draw.
-    stratum: Option<(u64, StratumDraw)>,
-}
-
-/// Which batch each row of a stratum goes to: a shuffled table for small strata (exactly
-/// uniform), a Feistel network past [`TABLE_MAX`] (whose small domains are measurably
-/// uneven, see `permute.rs`, and whose large ones need no table).
-#[derive(Debug, Clone)]
-enum StratumDraw {
-    Table(Vec<u32>),
-    Keyed(Permutation),
-}
-
-/// The largest stratum drawn as a table.
-const TABLE_MAX: u64 = 1 << 12;
-
-impl Strided {
-    #[inline]
-    fn apply(&mut self, o: u64) -> u64 {
-        let m = self.batches;
-        let (a, c) = (o / m, o % m);
-        let draw = match &self.stratum {
-            Some((s, draw)) if *s == a => draw,
-            _ => {
-                &self
-                    .stratum
-                    .insert((a, Self::draw(m, mix(self.key ^ mix(a)))))
-                    .1
-            }
-        };
-        let j = match draw {
-            StratumDraw::Table(t) => u64::from(t[c as usize]),
-            StratumDraw::Keyed(p) => p.apply(c),
-        };
-        j * self.strata + a
-    }
-
-    fn draw(m: u64, key: u64) -> StratumDraw {
-        if m > TABLE_MAX {
-            return StratumDraw::Keyed(Permutation::new(m, key));
-        }
-        // Fisher–Yates, with the unit order's generator and draw.
-        let mut table: Vec<u32> = (0..m as u32).collect();
-        let mut rng = Pcg64Mcg::seed_from_u64(key);
-        for i in (1..table.len()).rev() {
-            table.swap(i, below(&mut rng, i as u64 + 1) as usize);
-        }
-        StratumDraw::Table(table)
     }
 }
 
@@ -521,12 +428,6 @@ impl EpochPlan {
         }
         skip
     }
-}
-
-/// A draw in `0..n` (n > 0) by multiply-shift, fixed here so that orders do not change
-/// with the `rand` version.
-fn below(rng: &mut Pcg64Mcg, n: u64) -> u64 {
-    ((rng.next_u64() as u128 * n as u128) >> 64) as u64
 }
 
 #[cfg(test)]

@@ -176,11 +176,7 @@ impl Job {
         bound: Option<Transformer>,
         delivery: Delivery,
     ) -> Self {
-        let arena = delivery
-            .plan
-            .shuffled()
-            .then(|| Arena::new(&plan.output_schema(), delivery.plan.batch_size()))
-            .flatten();
+        let arena = Arena::new(&plan.output_schema(), delivery.plan.placement());
         Job {
             inputs,
             plan,

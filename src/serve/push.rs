@@ -431,7 +431,6 @@ impl Pushed {
         Ok(())
     }
 
-    /// Why replaying the spool stopped, if it did (read without the state's lock).
     /// What `status` reports of pushed input; `follow`: a followed folder's own report.
     pub fn status(&self, follow: Option<serde_json::Value>) -> serde_json::Value {
         let p = &self.counts;
@@ -452,6 +451,7 @@ impl Pushed {
         })
     }
 
+    /// Why replaying the spool stopped, if it did (read without the state's lock).
     pub fn replay_failed(&self) -> Option<String> {
         lock(&self.counts.replay_failed).clone()
     }

@@ -1,0 +1,94 @@
+//! How one shuffle window's positions become its output indices: strided (see `plan.rs`)
+//! when the window is a whole number of batches starting on a batch boundary, permuted
+//! whole by a Feistel network otherwise.
+
+use super::permute::{Permutation, mix, shuffle};
+
+/// A window's bijection, from offsets in the window to offsets in its output indices
+/// (see `plan.rs`).
+#[derive(Debug, Clone)]
+pub(crate) enum WindowOrder {
+    /// A window of `m·B` rows whose strata each give one row to each of its batches.
+    Strided(Strided),
+    /// Any other window, permuted whole.
+    Keyed(Permutation),
+}
+
+impl WindowOrder {
+    /// A strided window of `batches` batches (`m`) of `strata` rows (`B`), drawn by `key`.
+    pub(crate) fn strided(batches: u64, strata: u64, key: u64) -> Self {
+        WindowOrder::Strided(Strided {
+            batches,
+            strata,
+            key,
+            stratum: None,
+        })
+    }
+
+    /// Where offset `o` (< the window's length) goes. Offsets placed in ascending order
+    /// cost O(1) each (a stratum's draw is made once); any offset costs at most O(`m`).
+    #[inline]
+    pub(crate) fn apply(&mut self, o: u64) -> u64 {
+        match self {
+            WindowOrder::Strided(s) => s.apply(o),
+            WindowOrder::Keyed(p) => p.apply(o),
+        }
+    }
+}
+
+/// A strided window of `m·B` positions: position `a·m + c` (stratum `a < B`, `c < m`) goes
+/// to offset `π_a(c)·B + a`, so batch `j` of the window takes, from every stratum, the row
+/// `π_a` sends to it, at slot `a`: its rows in position order.
+#[derive(Debug, Clone)]
+pub(crate) struct Strided {
+    /// `m`: the window's batches, and the positions of a stratum.
+    batches: u64,
+    /// `B`: the strata, and the rows of a batch.
+    strata: u64,
+    key: u64,
+    /// The stratum last drawn, and its draw.
+    stratum: Option<(u64, StratumDraw)>,
+}
+
+/// Which batch each row of a stratum goes to: a shuffled table for small strata (exactly
+/// uniform), a Feistel network past [`TABLE_MAX`] (whose small domains are measurably
+/// uneven, see `permute.rs`, and whose large ones need no table).
+#[derive(Debug, Clone)]
+enum StratumDraw {
+    Table(Vec<u32>),
+    Keyed(Permutation),
+}
+
+/// The largest stratum drawn as a table.
+const TABLE_MAX: u64 = 1 << 12;
+
+impl Strided {
+    #[inline]
+    fn apply(&mut self, o: u64) -> u64 {
+        let m = self.batches;
+        let (a, c) = (o / m, o % m);
+        let draw = match &self.stratum {
+            Some((s, draw)) if *s == a => draw,
+            _ => {
+                &self
+                    .stratum
+                    .insert((a, Self::draw(m, mix(self.key ^ mix(a)))))
+                    .1
+            }
+        };
+        let j = match draw {
+            StratumDraw::Table(t) => u64::from(t[c as usize]),
+            StratumDraw::Keyed(p) => p.apply(c),
+        };
+        j * self.strata + a
+    }
+
+    fn draw(m: u64, key: u64) -> StratumDraw {
+        if m > TABLE_MAX {
+            return StratumDraw::Keyed(Permutation::new(m, key));
+        }
+        let mut table: Vec<u32> = (0..m as u32).collect();
+        shuffle(&mut table, key);
+        StratumDraw::Table(table)
+    }
+}
