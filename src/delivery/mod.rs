@@ -85,15 +85,28 @@ impl Delivery {
     }
 
     /// How far (in positions) a reader may run ahead of the slowest owner's next step:
-    /// far enough that the rows that step needs are read whatever the reader order
-    /// (its windows, `peers - 1` other readers' units, a few batches in flight), and no
-    /// further, which bounds what owners hold.
+    /// far enough that the rows that step needs are read whatever the reader order, and
+    /// no further, which bounds what owners hold (and so peak memory).
+    ///
+    /// The slowest reader never waits: every position before its own is read, so the
+    /// oldest step not yet emitted starts at most a step and a window behind it, or a step
+    /// and two windows where steps straddle windows (its first position is then in the
+    /// window before). The other `peers - 1` readers may each be a unit further on, so
+    /// that all of them read at once, and a few batches more are in flight. Each term
+    /// beyond that only let readers run further ahead than owners could use: on 1M and
+    /// 10M Criteo rows (2 ranks, 2 workers) dropping the unneeded window and unit cut
+    /// peak RSS by 7-15 MB in order and 15-30 MB shuffled, at the same speed.
     pub fn reader_slack(&self, peers: usize, biggest_unit: u64, batch_rows: u64) -> u64 {
-        let k = self.plan.placement().window();
-        self.plan
-            .step_rows()
-            .saturating_add(k.saturating_mul(2))
-            .saturating_add((peers as u64).saturating_mul(biggest_unit))
+        let placement = self.plan.placement();
+        let (k, step_rows) = (placement.window(), self.plan.step_rows());
+        let windows = if k % step_rows == 0 { 1 } else { 2 };
+        step_rows
+            .saturating_add(k.saturating_mul(windows))
+            .saturating_add(
+                (peers as u64)
+                    .saturating_sub(1)
+                    .saturating_mul(biggest_unit),
+            )
             .saturating_add(IN_FLIGHT.saturating_mul(batch_rows))
     }
 }
