@@ -141,7 +141,7 @@ pub fn quiet_decoder_panics() {
         std::panic::set_hook(Box::new(move |info| {
             if DECODING.get() {
                 let message = hydrant_operators::running::panic_message(info);
-                eprintln!(
+                hydrant_operators::log_line!(
                     "hydrant: a pushed stream failed arrow's IPC decoder ({message}); refused"
                 );
             } else {

@@ -13,6 +13,24 @@ thread_local! {
     static CURRENT: Cell<Option<&'static str>> = const { Cell::new(None) };
 }
 
+/// Writes one line to stderr, as `eprintln!` does, except that a failure to write is
+/// ignored: `eprintln!` panics when stderr is a pipe no one reads any more (a supervisor's
+/// log collector that went away), and a server that panics there could neither go on
+/// serving nor stop on SIGTERM (its signal task died printing "shutting down").
+#[macro_export]
+macro_rules! log_line {
+    ($($arg:tt)*) => {
+        $crate::running::write_line(::std::format_args!($($arg)*))
+    };
+}
+
+/// What [`log_line!`] calls.
+#[doc(hidden)]
+pub fn write_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// Marks this thread as running operator `name` until the guard is dropped.
 #[must_use = "the operator is marked only while the guard lives"]
 pub struct Running {

@@ -209,6 +209,22 @@ def test_sigterm_shuts_down_even_with_a_stalled_stream(serve):
     assert "shutting down" in s.proc.stderr.read()
 
 
+def test_sigterm_shuts_down_when_no_one_reads_its_log(serve):
+    """A server whose stderr is a pipe no one reads any more (its supervisor's log collector
+    went away) used to ignore SIGTERM: printing "shutting down" panicked its signal task."""
+    import signal
+    import time
+
+    s = serve("--ranks", "2", "--batch-size", "500")
+    reader = Client(s.uri).batches("criteo", 0, 2)
+    next(reader)  # a stalled stream: the shutdown also logs that it closes it
+    s.proc.stderr.close()
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=20) == 0
+    assert time.time() - t0 < 10
+
+
 def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
     """A stale reader (a zombie pod, a double start) used to end a live stream with a
     clean end of stream mid-epoch; now the replaced stream ends ABORTED, never OK.

@@ -123,7 +123,7 @@ pub fn train(loaders: &[Loader], config: TrainConfig) -> Result<TrainReport> {
                                         .sum::<f64>()
                                         / ranks as f64;
                                     let wall = started.elapsed().as_secs_f64();
-                                    eprintln!(
+                                    hydrant_operators::log_line!(
                                         "hydrant: step {:>4}  logloss {loss:.4}  {:>7.0} rows/s  \
                                          waiting for data {:>4.1}%",
                                         rep.steps,

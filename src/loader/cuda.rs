@@ -52,7 +52,9 @@ impl<T> Drop for Pinned<T> {
     fn drop(&mut self) {
         // The memory is freed next: no copy may still be reading it.
         if let Err(e) = self.copied.synchronize() {
-            eprintln!("hydrant: cuda: waiting for a staging copy before freeing it: {e}");
+            hydrant_operators::log_line!(
+                "hydrant: cuda: waiting for a staging copy before freeing it: {e}"
+            );
         }
     }
 }

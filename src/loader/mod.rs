@@ -367,5 +367,5 @@ impl Converter {
 /// Says once per process why the cuda backend is not used.
 fn fall_back(why: &str) {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| eprintln!("hydrant: {why}; loaders use host memory"));
+    ONCE.call_once(|| hydrant_operators::log_line!("hydrant: {why}; loaders use host memory"));
 }

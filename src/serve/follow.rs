@@ -186,7 +186,7 @@ impl FollowCounts {
     }
 
     fn skip(&self, file: &str, error: &str) {
-        eprintln!("hydrant: skipping the rest of followed file {file}: {error}");
+        hydrant_operators::log_line!("hydrant: skipping the rest of followed file {file}: {error}");
         metrics::counter!(crate::metrics::FOLLOW_SKIPPED).increment(1);
         self.skipped_files.fetch_add(1, Ordering::Relaxed);
         let mut skipped = lock(&self.skipped);
@@ -235,7 +235,7 @@ impl Follower {
                 Ok(()) => {}
                 Err(Stop::Over) => return,
                 Err(Stop::Failed(e)) => {
-                    eprintln!(
+                    hydrant_operators::log_line!(
                         "hydrant: following {} stopped: {e}",
                         self.read.dir.display()
                     );
@@ -250,7 +250,9 @@ impl Follower {
                 if let (Some(p), Some(runs)) = (self.pushed.upgrade(), runs.upgrade())
                     && let Err(e) = p.end_replayed(&runs)
                 {
-                    eprintln!("hydrant: ending the followed input again failed: {e}");
+                    hydrant_operators::log_line!(
+                        "hydrant: ending the followed input again failed: {e}"
+                    );
                 }
                 return;
             }

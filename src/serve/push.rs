@@ -390,7 +390,7 @@ impl Pushed {
                     // The spool's batches were checked when pushed; a pipeline changed
                     // since may refuse them. Serve what came before, take nothing more
                     // (it would go after rows never delivered), and say why.
-                    eprintln!("hydrant: replaying the spool stopped: {e}");
+                    hydrant_operators::log_line!("hydrant: replaying the spool stopped: {e}");
                     st.replay_failed = Some(e.to_string());
                     *lock(&this.counts.replay_failed) = Some(e.to_string());
                     break;
@@ -405,7 +405,7 @@ impl Pushed {
             .name("hydrant-replay".into())
             .spawn(replay)
         {
-            eprintln!("hydrant: cannot replay the spool: {e}");
+            hydrant_operators::log_line!("hydrant: cannot replay the spool: {e}");
             lock(&self.state).replaying = false;
         }
     }

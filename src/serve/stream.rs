@@ -89,7 +89,7 @@ impl Consumer {
     fn let_unread_ranks_go(&self) {
         for rank in (0..self.run.ranks()).filter(|&r| r != self.rank) {
             if let Some(attached) = self.run.drain_if_unread(rank) {
-                eprintln!(
+                hydrant_operators::log_line!(
                     "hydrant: rank {rank} of epoch {} has had no reader while rank {} waited \
                      {} s: its batches are let go (it catches up on a run of its own when \
                      it is read)",

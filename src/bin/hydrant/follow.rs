@@ -57,7 +57,7 @@ pub(crate) fn run_follow(args: &RunArgs, folder: &Path) -> Result<serde_json::Va
         // Ends the input: the followed files' rows so far are delivered, then the streams end.
         let ended = tokio::task::spawn_blocking(move || ender.end_input()).await;
         if let Ok(Err(e)) = ended {
-            eprintln!("hydrant: {e}");
+            hydrant::operators::log_line!("hydrant: {e}");
         }
     });
     let world = served.world_size();

@@ -240,7 +240,7 @@ fn main() -> ExitCode {
                 l if l.is_empty() => "error: bad arguments".to_string(),
                 l => l,
             };
-            eprintln!("hydrant: {line} (see --help)");
+            hydrant::operators::log_line!("hydrant: {line} (see --help)");
             return ExitCode::from(2);
         }
         Err(e) => e.exit(),
@@ -248,7 +248,7 @@ fn main() -> ExitCode {
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("hydrant: error: {e}");
+            hydrant::operators::log_line!("hydrant: error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -308,7 +308,7 @@ fn prepare(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = common.workers.unwrap_or(cores);
     if workers > cores {
-        eprintln!(
+        hydrant::operators::log_line!(
             "hydrant: warning: --workers {workers} is more than the {cores} cores here; \
              workers will take turns on them"
         );

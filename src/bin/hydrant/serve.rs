@@ -208,7 +208,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         (None, Some(dir)) => served.with_state_dir(dir, args.spool_segment_mib << 20)?,
         (None, None) => {
             if spec.input == hydrant::InputKind::Flight {
-                eprintln!(
+                hydrant::operators::log_line!(
                     "hydrant: pushed input is at-most-once without --state-dir: rows \
                      acknowledged but not yet delivered are lost if the server stops"
                 );
@@ -296,7 +296,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                 stop.notified().await;
                 tokio::time::sleep(Duration::from_secs(5)).await;
             } => {
-                eprintln!("hydrant: streams still open after 5 s; closing them");
+                hydrant::operators::log_line!("hydrant: streams still open after 5 s; closing them");
                 Ok(())
             }
         }
@@ -403,7 +403,7 @@ pub(crate) async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     ctrl_c.await.unwrap_or(());
-    eprintln!("hydrant: shutting down");
+    hydrant::operators::log_line!("hydrant: shutting down");
 }
 
 /// A pipeline whose input is pushed over Flight or read from a followed folder (`follows`):
