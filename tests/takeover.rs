@@ -621,3 +621,64 @@ async fn the_first_steps_are_made_ahead_and_a_resume_still_gets_its_own_run() {
         );
     }
 }
+
+/// Every rank's records of `epoch`, read by one trainer per rank at once.
+async fn read_epoch(uri: &str, epoch: u64) -> BTreeMap<u32, Record> {
+    let tasks: Vec<_> = (0..2)
+        .map(|r| tokio::spawn(trainer(uri.to_string(), 2, r, epoch)))
+        .collect();
+    let mut records = BTreeMap::new();
+    for (r, t) in tasks.into_iter().enumerate() {
+        let (record, errors) = t.await.unwrap();
+        assert!(errors.is_empty(), "rank {r}: {errors:?}");
+        records.insert(r as u32, record);
+    }
+    records
+}
+
+/// Once an epoch's run has featurized its last step, the next epoch's shared run starts
+/// ahead of the trainers, who then read it exactly as from a run made on their first DoGet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_epoch_is_made_ahead_once_an_epoch_is_featurized() {
+    const ROWS: u64 = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[ROWS], 11);
+    let args = [
+        "--ranks",
+        "2",
+        "--batch-size",
+        "500",
+        "--epochs",
+        "3",
+        "--shuffle",
+    ];
+    let (_server, uri) = serve_criteo(&data, &state, &args);
+    let pipeline = || async {
+        let status = Client::connect(&uri).await.unwrap().status().await.unwrap();
+        status["pipelines"][0].clone()
+    };
+    assert_exactly_once(&read_epoch(&uri, 0).await, ROWS);
+    // No trainer has asked for epoch 1 yet.
+    let deadline = std::time::Instant::now() + STALL;
+    while pipeline().await["rows_featurized"].as_u64().unwrap() <= ROWS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "epoch 1 was not made ahead: {}",
+            pipeline().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let runs = pipeline().await["runs"].clone();
+    assert!(
+        runs.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["epoch"] == 1 && r["first_step"] == 0),
+        "{runs}"
+    );
+    let second = read_epoch(&uri, 1).await;
+    assert_exactly_once(&second, ROWS);
+    // The same batches as from a server whose trainers start at epoch 1.
+    let (_other, other_uri) = serve_criteo(&data, &state, &args);
+    assert_eq!(second, read_epoch(&other_uri, 1).await);
+}

@@ -354,7 +354,7 @@ impl Pushed {
         self.counts.dropped.store(st.dropped, Ordering::Relaxed);
         self.counts.ended.store(true, Ordering::Relaxed);
         for run in lock(runs).iter() {
-            run.done.store(true, Ordering::SeqCst);
+            run.ended.cancel();
         }
         Ok(())
     }

@@ -41,8 +41,8 @@ pub(super) struct Run {
     /// Each served rank's queue; `None` for ranks the run does not serve.
     queues: Vec<Option<Queue>>,
     pub errors: ErrorSlot,
-    /// The dataflow (or pushed input) has ended.
-    pub done: Arc<AtomicBool>,
+    /// Cancelled once the dataflow (or pushed input) has ended.
+    pub ended: CancellationToken,
     /// Bytes of sent batches each rank keeps.
     replay_bytes: usize,
     /// The server's input paths and how a client is told them (see [`Run::failure`]).
@@ -134,7 +134,7 @@ impl Run {
             slots,
             queues,
             errors: ErrorSlot::default(),
-            done: Arc::default(),
+            ended: CancellationToken::new(),
             replay_bytes,
             redact,
             stop: CancellationToken::new(),
@@ -335,7 +335,7 @@ impl Run {
             "epoch": self.epoch,
             "first_step": self.first_step,
             "only_rank": self.only,
-            "done": self.done.load(Ordering::SeqCst),
+            "done": self.ended.is_cancelled(),
             "ranks": (0..self.slots.len()).filter(|&r| self.serves(r)).map(|r| {
                 let slot = self.slot(r);
                 serde_json::json!({
