@@ -164,14 +164,18 @@ struct RawGroup {
     steps: Vec<String>,
 }
 
+/// The largest pipeline file read (a pipeline is a few KiB of TOML).
+const MAX_SPEC_BYTES: u64 = 16 << 20;
+
 impl PipelineSpec {
     /// Reads and checks a pipeline file.
     pub fn from_file(path: &Path) -> Result<Self> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Spec {
-            file: origin.clone(),
-            reason: one_line(e),
-        })?;
+        let text =
+            hydrant_operators::read_small_text(path, MAX_SPEC_BYTES).map_err(|e| Error::Spec {
+                file: origin.clone(),
+                reason: one_line(e),
+            })?;
         Self::from_toml(&text, &origin)
     }
 

@@ -32,10 +32,27 @@ fn serve_refuses_bad_setups() {
             "token file",
         ),
         (vec!["--ranks", "0"], "--ranks"),
+        // A device named by mistake is refused, not read until memory runs out.
+        (vec!["--token-file", "/dev/zero"], "regular file"),
+        (
+            vec!["--tls-cert", "/dev/zero", "--tls-key", "/dev/zero"],
+            "regular file",
+        ),
     ] {
         let mut args: Vec<&str> = base.to_vec();
         args.extend(extra.iter());
         let err = hydrant_err(&args);
         assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+}
+
+#[test]
+fn a_pipeline_that_is_not_a_small_regular_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = gen_criteo(dir.path(), 100, 1);
+    let input = input.to_str().unwrap();
+    for (pipeline, needle) in [("/dev/zero", "regular file"), ("/tmp", "regular file")] {
+        let err = hydrant_err(&["serve", "--pipeline", pipeline, "--input", input]);
+        assert!(err.contains(pipeline) && err.contains(needle), "{err}");
     }
 }

@@ -105,6 +105,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The largest token file read (a line per user).
+const MAX_TOKEN_FILE_BYTES: u64 = 16 << 20;
+
 impl Auth {
     /// Reads `user:password [roles]` lines, roles a comma-separated list of `train`,
     /// `ingest` and `admin` (all three when left out); blank lines and `#` comments are
@@ -114,7 +117,8 @@ impl Auth {
             path: path.display().to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let text = hydrant_operators::read_small_text(path, MAX_TOKEN_FILE_BYTES)
+            .map_err(|e| err(e.to_string()))?;
         let mut users = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();

@@ -30,6 +30,12 @@ impl Ticket {
     /// Parses and checks a ticket.
     pub fn parse(bytes: &[u8]) -> Result<Ticket, TicketError> {
         let text = std::str::from_utf8(bytes).map_err(|_| TicketError("not UTF-8".into()))?;
+        // serde would also take the fields as an array, in order: a ticket names them.
+        if !text.trim_start().starts_with('{') {
+            return Err(TicketError(
+                "not a JSON object (`{\"pipeline\": ..., \"rank\": ..., ...}`)".into(),
+            ));
+        }
         let t: Ticket = serde_json::from_str(text)
             .map_err(|e| TicketError(hydrant_operators::quoted(&e.to_string())))?;
         if t.world_size == 0 {
@@ -70,7 +76,9 @@ mod tests {
     fn rejects_naming_the_field() {
         for (bytes, needle) in [
             (&b"\xff"[..], "UTF-8"),
-            (b"not json", "expected"),
+            (b"not json", "JSON object"),
+            (br#"{"pipeline":"p" "#, "EOF"),
+            (br#"["p",0,1,2,3]"#, "JSON object"),
             (
                 br#"{"pipeline":"p","rank":0,"world_size":1,"colour":1}"#,
                 "colour",

@@ -47,3 +47,39 @@ def test_a_panic_in_a_served_run_fails_its_stream_only(data, monkeypatch):
         assert client.status()["pipelines"][0]
     finally:
         s.stop()
+
+
+def test_a_server_whose_stdout_fails_keeps_serving(data):
+    """The ready line used to be printed with `println!`: a stdout that fails (a full
+    disk, a pipe whose reader is gone) panicked the server before it served anyone."""
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    from conftest import BIN
+
+    path, state = data
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.Popen(
+            [str(BIN), "serve", "--listen", f"127.0.0.1:{port}", "--pipeline", PIPELINE,
+             "--input", path, "--state", state],
+            stdout=full, stderr=subprocess.PIPE, text=True,
+        )
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                assert len(Client(f"grpc://127.0.0.1:{port}").endpoints("criteo")) == 1
+                break
+            except Exception:
+                assert proc.poll() is None, proc.stderr.read()
+                assert time.time() < deadline, "the server never served"
+                time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    assert "cannot write the ready line" in proc.stderr.read()

@@ -265,3 +265,61 @@ def test_commit_reports_what_it_kept_and_refuses_what_it_cannot(tmp_path, data, 
     files = serve("--ranks", "1")
     with pytest.raises(HydrantError, match="nothing to commit"):
         Client(files.uri).commit("criteo", 0)
+
+
+def test_sigterm_stops_a_server_whose_producer_waits_for_queue_space(tmp_path, data):
+    """A DoPut waiting for queue space (no trainer reads) used to keep the server from ever
+    exiting after SIGTERM: dropping the runtime waited for that DoPut's thread."""
+    import signal
+    import time
+
+    s = pushed_server(tmp_path, data, "--ranks", "1", "--batch-size", "8")
+    rows = pq.read_table(data[0]).slice(0, 40)
+    producer = threading.Thread(
+        target=lambda: Client(s.uri).push("criteo_hash", rows.to_batches(8)), daemon=True
+    )
+    producer.start()
+    producer.join(timeout=2)
+    assert producer.is_alive(), "the producer should wait for a trainer"
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=30) == 0
+    assert time.time() - t0 < 15
+
+
+def test_a_stray_reader_of_a_later_step_takes_no_rows_from_the_trainer(pushed):
+    """A reader that asked for a later step of a rank (a zombie, a wrong checkpoint) used to
+    discard the steps before it: the trainer that then asked for step 0 was told they were
+    no longer held, and acknowledged rows never reached anyone."""
+    server, table = pushed
+    steps = -(-table.num_rows // 2000)  # of 2 x 1000 rows
+    client = Client(server.uri)
+    got = {}
+    rank1 = threading.Thread(
+        target=lambda: got.setdefault(1, list(client.batches("criteo_hash", 1, 2))),
+        daemon=True,
+    )
+    rank1.start()
+    stray = client.batches("criteo_hash", 0, 2, start_step=6)
+    acks = []
+    producer = threading.Thread(
+        target=lambda: acks.extend(client.push("criteo_hash", table.to_batches(3000))),
+        daemon=True,
+    )
+    producer.start()
+    assert next(stray).step == 6
+    stray.close()
+    got[0] = []
+    rank0 = threading.Thread(
+        target=lambda: got[0].extend(client.batches("criteo_hash", 0, 2)), daemon=True
+    )
+    rank0.start()
+    producer.join(timeout=60)
+    assert sum(a["rows"] for a in acks) == table.num_rows
+    client.end_ingest("criteo_hash")
+    for t in (rank0, rank1):
+        t.join(timeout=60)
+        assert not t.is_alive()
+    assert [b.step for b in got[0]] == [b.step for b in got[1]] == list(range(steps))
+    ids = sorted(i for r in (0, 1) for b in got[r] for i in b.row_id[~b.mask].tolist())
+    assert ids == list(range(table.num_rows))

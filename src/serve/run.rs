@@ -68,7 +68,8 @@ pub(super) struct Slot {
     reading: bool,
     /// Batches a superseded consumer received and did not send: they go first.
     pub pending: VecDeque<RankBatch>,
-    /// The last batches sent, oldest first, and their bytes.
+    /// The last batches taken from the queue (sent, or skipped by a consumer that started
+    /// past them), oldest first, and their bytes.
     sent: VecDeque<RankBatch>,
     sent_bytes: usize,
     /// The step the queue yields next.
@@ -275,19 +276,16 @@ impl Run {
         }
     }
 
-    /// Records `rb` as taken from the queue; returns it if it is at or past `start_step`
-    /// (keeping it for replay), `None` if the consumer skips it.
+    /// Records `rb` as taken from the queue and keeps it for replay; returns it if it is at
+    /// or past `start_step`, `None` if the consumer skips it.
     pub fn deliver(&self, slot: &mut Slot, rb: RankBatch, start_step: u64) -> Option<RankBatch> {
         slot.next_step = slot.next_step.max(rb.meta.step + 1);
         // The epoch's last step: nothing more will come for this rank.
         slot.exhausted |= self.steps == Some(slot.next_step);
-        if rb.meta.step < start_step {
-            // Skipped steps are gone: what is kept must run without a gap up to
-            // `next_step`, or a later attach inside it would replay across the gap.
-            slot.sent.clear();
-            slot.sent_bytes = 0;
-            return None;
-        }
+        // A step skipped by a consumer that started past it is kept as a sent one is: a
+        // stray reader of a later step must not take earlier ones from the trainer that
+        // asks for them next (pushed input has them nowhere else). What is kept then runs
+        // without a gap up to `next_step`.
         slot.sent_bytes += batch_bytes(rb.data());
         slot.sent.push_back(rb.clone());
         while slot.sent_bytes > self.replay_bytes && slot.sent.len() > 1 {
@@ -295,7 +293,7 @@ impl Run {
                 slot.sent_bytes -= batch_bytes(old.data());
             }
         }
-        Some(rb)
+        (rb.meta.step >= start_step).then_some(rb)
     }
 
     /// Every served rank's queue has ended: nothing more can be sent from this run.

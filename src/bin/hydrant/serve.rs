@@ -234,7 +234,8 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         hydrant_flight::FlightServer::new(vec![served.clone()], auth, args.max_message_bytes);
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let read = |flag: &str, path: &PathBuf| {
-            std::fs::read(path).map_err(|e| Error::Usage(format!("{flag} {}: {e}", path.display())))
+            hydrant::operators::read_small_file(path, 1 << 20)
+                .map_err(|e| Error::Usage(format!("{flag} {}: {e}", path.display())))
         };
         server = server
             .with_tls(&read("--tls-cert", cert)?, &read("--tls-key", key)?)
@@ -246,7 +247,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         .build()
         .map_err(|e| Error::Usage(format!("cannot start the server runtime: {e}")))?;
     let metrics_listen = args.metrics_listen;
-    runtime.block_on(async move {
+    let outcome = runtime.block_on(async move {
         if let Some(m) = metrics_listen {
             hydrant::metrics::export(m)?;
         }
@@ -263,9 +264,13 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             "rows_per_epoch": rows,
             "ready_s": round3(fit_s),
         });
-        println!("{ready}");
+        // A stdout no one reads (`hydrant serve | true`) loses the line, not the server.
         use std::io::Write;
-        let _ = std::io::stdout().flush();
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, "{ready}").and_then(|()| out.flush()) {
+            hydrant::operators::log_line!("hydrant: cannot write the ready line ({e}); serving");
+        }
+        drop(out);
         // On SIGINT/SIGTERM stop accepting calls and let streams finish, but not forever:
         // a stream can wait on a rank no one reads.
         let failed = served.clone();
@@ -300,7 +305,11 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                 Ok(())
             }
         }
-    })
+    });
+    // A producer's DoPut may still wait for queue space on a blocking thread that no
+    // trainer will ever free: dropping the runtime would wait for it forever.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    outcome
 }
 
 /// This process's Flight location as its cluster's peers tell trainers: `grpc://` (or
