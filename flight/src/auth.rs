@@ -140,6 +140,13 @@ impl Auth {
                     "expected `user:password [roles]` (no whitespace in passwords)".into(),
                 ));
             }
+            // Two lines for one user: which password and roles hold would be a guess.
+            if users.iter().any(|(u, _, _)| u == user) {
+                return Err(at(format!(
+                    "user `{}` is given twice",
+                    hydrant_operators::quoted(user)
+                )));
+            }
             users.push((user.to_string(), pass.to_string(), roles));
         }
         if users.is_empty() {
@@ -383,6 +390,7 @@ mod tests {
             ("a:b train,root\n", "unknown role `root`"),
             ("a:b train extra\n", "no whitespace in passwords"),
             ("\n", "no `user:password` line"),
+            ("u:p\nv:w\nu:q ingest\n", "line 3: user `u` is given twice"),
         ] {
             std::fs::write(&f, text).unwrap();
             let e = Auth::from_file(&f).unwrap_err().to_string();

@@ -142,6 +142,9 @@ pub trait Served: Send + Sync + 'static {
     fn epochs(&self) -> u64;
     /// Steps per rank per epoch.
     fn steps(&self) -> u64;
+    /// The version of the state batches are featurized with now (an end-of-stream
+    /// message that follows no batch carries it).
+    fn state_version(&self) -> u64;
     /// Rank `rank`'s batches of `epoch` from `start_step` on (arguments already checked
     /// against the above). Called on the server's runtime; must not block (starting a
     /// dataflow on threads of its own is fine).
@@ -302,7 +305,7 @@ impl FlightServer {
             rank: t.rank,
             rows: 0,
             padded_rows: 0,
-            state_version: 0,
+            state_version: p.state_version(),
             positions: None,
             last: true,
         };

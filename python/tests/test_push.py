@@ -323,3 +323,24 @@ def test_a_stray_reader_of_a_later_step_takes_no_rows_from_the_trainer(pushed):
     assert [b.step for b in got[0]] == [b.step for b in got[1]] == list(range(steps))
     ids = sorted(i for r in (0, 1) for b in got[r] for i in b.row_id[~b.mask].tolist())
     assert ids == list(range(table.num_rows))
+
+
+def test_the_end_of_a_stream_past_the_last_step_names_the_state_version(pushed):
+    """A DoGet from past the end gets one empty message marked last; it used to say state
+    version 0 whatever the state, where the batches before it carried the real one."""
+    import json
+
+    server, table = pushed
+    client = Client(server.uri)
+    got, readers = start_readers(client)
+    client.push("criteo_hash", table.slice(0, 4000).to_batches(2000))
+    client.end_ingest("criteo_hash")
+    for t in readers:
+        t.join(timeout=60)
+    version = got[0][-1].state_version
+    assert version == client.status()["pipelines"][0]["state_version"]
+    ticket = client.ticket("criteo_hash", 0, 2, start_step=len(got[0]))
+    reader = flight.connect(server.uri).do_get(ticket)
+    meta = json.loads(reader.read_chunk().app_metadata.to_pybytes())
+    assert meta["last"] and meta["rows"] == 0
+    assert meta["state_version"] == version

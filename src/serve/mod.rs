@@ -454,12 +454,6 @@ impl ServedPipeline {
         })
     }
 
-    /// The version of the state delivered batches use now (a refreshed stream's changes).
-    fn state_version(&self) -> u64 {
-        let known = self.ingest.as_ref().and_then(|i| i.known.as_ref());
-        known.map_or(self.state.version, |k| lock(k).in_effect)
-    }
-
     fn world(&self) -> usize {
         self.delivery.plan.world_size()
     }
@@ -646,6 +640,12 @@ impl Served for ServedPipeline {
 
     fn world_size(&self) -> u32 {
         self.world() as u32
+    }
+
+    /// The version of the state delivered batches use now (a refreshed stream's changes).
+    fn state_version(&self) -> u64 {
+        let known = self.ingest.as_ref().and_then(|i| i.known.as_ref());
+        known.map_or(self.state.version, |k| lock(k).in_effect)
     }
 
     fn epochs(&self) -> u64 {
