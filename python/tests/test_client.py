@@ -229,19 +229,21 @@ def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
     """A stale reader (a zombie pod, a double start) used to end a live stream with a
     clean end of stream mid-epoch; now the replaced stream ends ABORTED, never OK.
 
-    Rank 1 is not read until the takeover is done, so the first stream of rank 0 stays
-    live (backpressure) instead of receiving its whole small epoch into gRPC's buffers; the
-    server lets an unread rank go only after `--absent-after`, here far longer than the
-    takeover takes (at the default 3 s, one CI run on a busy machine let rank 1 go first,
-    and the first stream then ended with the whole epoch)."""
-    s = serve("--ranks", "2", "--batch-size", "100", "--absent-after", "120")
+    The first stream of rank 0 must still be live when the second comes, so its epoch must
+    not fit in gRPC's buffers first. One worker owns both ranks and emits their steps in
+    lockstep, and rank 1 is not read until the takeover is done: rank 0 then gets at most
+    a step or two past rank 1's full queue (with two workers each rank had its own owner,
+    rank 0's whole small epoch could reach the client's buffers on a busy machine, and one
+    CI run saw the first stream end with all of it). The server lets an unread rank go
+    only after `--absent-after`, here far longer than the takeover takes."""
+    s = serve("--ranks", "2", "--batch-size", "100", "--workers", "1", "--absent-after", "120")
     client = Client(s.uri)
     first = client.batches("criteo", 0, 2)
-    got = [next(first) for _ in range(3)]
+    got = [next(first) for _ in range(2)]
     steps = -(-ROWS // 200)
     second = {}
     taker = threading.Thread(
-        target=lambda: second.setdefault(0, list(client.batches("criteo", 0, 2, start_step=3)))
+        target=lambda: second.setdefault(0, list(client.batches("criteo", 0, 2, start_step=2)))
     )
     taker.start()
     with pytest.raises(HydrantError, match="(?i)aborted.*superseded by a newer reader for rank 0"):
@@ -252,7 +254,7 @@ def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
     other.start()
     taker.join()
     other.join()
-    assert [b.step for b in second[0]] == list(range(3, steps))
+    assert [b.step for b in second[0]] == list(range(2, steps))
     assert [b.step for b in second[1]] == list(range(steps))
 
 
