@@ -245,3 +245,54 @@ fn bad_state_and_sink_are_named() {
     ]);
     assert!(err.contains("unknown sink `csv:x`"), "{err}");
 }
+
+/// A label a trainer could not use (null, NaN, infinite) ends the job with one line naming
+/// the column and the row, instead of reaching the trainers as a NaN loss.
+#[test]
+fn unusable_labels_are_named_by_row_id() {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Float64Array, RecordBatch};
+
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("p.toml");
+    std::fs::write(
+        &toml,
+        "name = \"p\"\nlabel = { column = \"y\", type = \"float32\" }\n\
+         [[group]]\nname = \"dense\"\nkind = \"dense\"\ncolumns = [\"x\"]\n",
+    )
+    .unwrap();
+    for (k, bad, needle) in [
+        (1234, None, "is null at row_id 1234"),
+        (2999, Some(f64::NAN), "is NaN at row_id 2999"),
+        (0, Some(f64::INFINITY), "is inf at row_id 0"),
+    ] {
+        let y: Float64Array = (0..3000)
+            .map(|i| if i == k { bad } else { Some((i % 2) as f64) })
+            .collect();
+        let x = Float64Array::from_iter_values((0..3000).map(f64::from));
+        let batch =
+            RecordBatch::try_from_iter([("y", Arc::new(y) as ArrayRef), ("x", Arc::new(x))])
+                .unwrap();
+        let input = dir.path().join(format!("bad{k}.arrow"));
+        let mut w = arrow::ipc::writer::FileWriter::try_new(
+            std::fs::File::create(&input).unwrap(),
+            &batch.schema(),
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.finish().unwrap();
+        let err = hydrant_err(&[
+            "run",
+            "--pipeline",
+            toml.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--ranks",
+            "2",
+            "--batch-size",
+            "256",
+        ]);
+        assert!(err.contains(&format!("label column `y` {needle}")), "{err}");
+    }
+}

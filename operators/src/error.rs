@@ -29,6 +29,19 @@ pub enum OpError {
     /// An input batch does not match the schema the plan was compiled for.
     #[error("batch does not match the pipeline: {0}")]
     Schema(String),
+    /// A row's label cannot be trained on (null, NaN or infinite).
+    #[error(
+        "label column `{column}` {reason} at row_id {row_id}: rows without a usable label \
+         cannot be trained on (filter or fill them before hydrant)"
+    )]
+    BadLabel {
+        /// The label's input column.
+        column: String,
+        /// The first such row.
+        row_id: u64,
+        /// What is wrong with its label.
+        reason: String,
+    },
     /// An Arrow kernel failed.
     #[error("arrow: {0}")]
     Arrow(#[from] Box<ArrowError>),

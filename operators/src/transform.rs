@@ -6,9 +6,10 @@ use std::sync::atomic::Ordering;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
+    UInt64Array,
 };
 use arrow::compute::cast;
-use arrow::datatypes::{DataType, Field, Int64Type};
+use arrow::datatypes::{DataType, Field, Float32Type, Int64Type};
 
 use crate::bind::{bind_numeric, column, numeric_values, param, wrong_param};
 use crate::error::{OpError, Result};
@@ -213,7 +214,9 @@ impl Transformer {
                 LabelType::Float32 => DataType::Float32,
                 LabelType::Int64 => DataType::Int64,
             };
-            out.push(cast(column(batch, "label", &label.column)?, &t)?);
+            let values = cast(column(batch, "label", &label.column)?, &t)?;
+            check_label(&label.column, &values, row_id.as_primitive())?;
+            out.push(values);
         }
         for (g, cols) in self.plan.groups.iter().zip(&mut self.columns) {
             let width = g.width;
@@ -308,6 +311,30 @@ fn row_blocks<'a, T>(
 }
 
 /// A ready tensor column, checked to be a non-null list of the group's item type.
+/// Fails on the first label a trainer could not use: a null, or (for float labels) NaN or
+/// an infinity, which would turn every loss it reaches into NaN. Labels are not imputed:
+/// a row without a usable label is the data's fault, and is named by its row id.
+fn check_label(column: &str, values: &ArrayRef, row_ids: &UInt64Array) -> Result<()> {
+    let bad = |k: usize, what: &str| {
+        Err(OpError::BadLabel {
+            column: column.to_string(),
+            row_id: row_ids.value(k),
+            reason: what.to_string(),
+        })
+    };
+    if let Some(nulls) = values.logical_nulls().filter(|n| n.null_count() > 0)
+        && let Some(k) = (0..nulls.len()).find(|&k| nulls.is_null(k))
+    {
+        return bad(k, "is null");
+    }
+    if let Some(floats) = values.as_primitive_opt::<Float32Type>()
+        && let Some(k) = floats.values().iter().position(|v| !v.is_finite())
+    {
+        return bad(k, &format!("is {}", floats.value(k)));
+    }
+    Ok(())
+}
+
 fn tensor_column(
     batch: &RecordBatch,
     group: &str,
@@ -441,5 +468,80 @@ fn scatter(column: &[i64], width: usize, offset: usize, out: &mut [i64]) {
         for (r, &v) in column.iter().enumerate() {
             out[r * width + offset] = v;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Float64Array, Int32Array};
+    use arrow::datatypes::Schema;
+
+    use super::*;
+    use crate::group::LabelSpec;
+    use crate::state::FittedState;
+
+    /// A transformer of a label alone, of `dtype`, over a batch of rows 10, 11, ...
+    fn labelled(label: ArrayRef, dtype: LabelType) -> Result<RecordBatch> {
+        let n = label.len() as u64;
+        let schema = Schema::new(vec![
+            Field::new(ROW_ID, DataType::UInt64, false),
+            Field::new("y", label.data_type().clone(), true),
+        ]);
+        let batch = RecordBatch::try_new(
+            Arc::new(schema),
+            vec![Arc::new(UInt64Array::from_iter_values(10..10 + n)), label],
+        )
+        .unwrap();
+        let spec = LabelSpec {
+            column: "y".into(),
+            dtype,
+        };
+        let plan = FeaturePlan::compile("p", &[], Some(&spec), &batch.schema()).unwrap();
+        plan.transformer(&FittedState::empty("p"))?.apply(&batch)
+    }
+
+    #[test]
+    fn labels_a_trainer_cannot_use_are_named_by_row_id() {
+        for (label, dtype, needle) in [
+            (
+                Arc::new(Float64Array::from(vec![Some(1.0), None, Some(0.0)])) as ArrayRef,
+                LabelType::Float32,
+                "is null at row_id 11",
+            ),
+            (
+                Arc::new(Float64Array::from(vec![0.0, 1.0, f64::NAN])),
+                LabelType::Float32,
+                "is NaN at row_id 12",
+            ),
+            (
+                Arc::new(Float64Array::from(vec![f64::NEG_INFINITY])),
+                LabelType::Float32,
+                "is -inf at row_id 10",
+            ),
+            // Too big for float32: the cast makes it infinite.
+            (
+                Arc::new(Float64Array::from(vec![0.0, 1e300])),
+                LabelType::Float32,
+                "is inf at row_id 11",
+            ),
+            (
+                Arc::new(Int32Array::from(vec![Some(1), Some(0), None])),
+                LabelType::Int64,
+                "is null at row_id 12",
+            ),
+        ] {
+            let err = labelled(label, dtype).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("label column `y` {needle}")),
+                "{needle}: {err}"
+            );
+        }
+        let ok = labelled(
+            Arc::new(Int32Array::from(vec![1, 0, 7])),
+            LabelType::Float32,
+        )
+        .unwrap();
+        let label = ok.column(1).as_primitive::<Float32Type>();
+        assert_eq!(label.values().as_ref(), [1.0, 0.0, 7.0]);
     }
 }

@@ -93,6 +93,36 @@ def test_a_batch_of_the_wrong_schema_is_rejected_whole(pushed):
     assert client.push("criteo_hash", table.slice(0, 100))[0]["rows"] == 100
 
 
+def test_a_batch_with_an_unusable_label_is_refused_whole(pushed):
+    """A null (or NaN) label used to be acknowledged and reach the trainers; now the batch
+    is refused before it is acknowledged, naming the row, and the next batch takes its
+    place in the stream."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    server, table = pushed
+    client = Client(server.uri)
+    assert client.push("criteo_hash", table.slice(0, 100))[0]["rows"] == 100
+    bad = table.slice(100, 50)
+    at = bad.schema.get_field_index("label")
+    labels = pa.array([None if i == 7 else v for i, v in enumerate(bad["label"].to_pylist())],
+                      type=bad.schema.field("label").type)
+    with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*label column `label` is null at row_id 107"):
+        client.push("criteo_hash", bad.set_column(at, "label", labels))
+    nan = pc.cast(bad["label"], pa.float64()).to_pylist()
+    nan[3] = float("nan")
+    with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*label column `label` is NaN at row_id 103"):
+        client.push("criteo_hash", bad.set_column(at, "label", pa.array(nan)))
+    assert client.status()["pipelines"][0]["pushed"]["rows_in"] == 100
+    assert client.push("criteo_hash", bad)[0]["rows"] == 50
+    got, readers = start_readers(client)
+    client.end_ingest("criteo_hash")
+    for t in readers:
+        t.join(timeout=60)
+    ids = sorted(i for r in range(2) for b in got[r] for i in b.row_id[~b.mask].tolist())
+    assert ids == list(range(150))
+
+
 def test_a_too_large_message_is_resource_exhausted(tmp_path, data):
     path, _ = data
     s = pushed_server(tmp_path, data, "--max-message-bytes", "200000")
