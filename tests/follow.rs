@@ -265,6 +265,47 @@ fn an_ended_followed_input_stays_ended_after_a_restart() {
     }
 }
 
+/// A careless writer: files written in place, as pandas' `to_parquet` or `cp` do, seen by
+/// the server while they grow. A half-written Parquet file (no footer yet) used to be
+/// admitted at the next poll, found unreadable and skipped for good; now it is admitted
+/// once it ends with its footer, whole.
+#[test]
+fn a_file_written_in_place_is_admitted_whole_once_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[3_000, 3_000], 47);
+    let (folder, state_dir) = (dir.path().join("followed"), dir.path().join("state-dir"));
+    std::fs::create_dir_all(&folder).unwrap();
+    let rt = common::pushed::runtime();
+    let got = rt.block_on(async {
+        let (_server, uri) = serve_following(&folder, &state, &state_dir);
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 0, usize::MAX).await }
+        });
+        for i in 0..2 {
+            let bytes = std::fs::read(source.join(format!("part-{i}.parquet"))).unwrap();
+            let path = folder.join(format!("p{i}.parquet"));
+            let mut file = std::fs::File::create(&path).unwrap();
+            // Half, a pause of many polls (shorter than the settling time), the rest.
+            std::io::Write::write_all(&mut file, &bytes[..bytes.len() / 2]).unwrap();
+            file.sync_all().unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            std::io::Write::write_all(&mut file, &bytes[bytes.len() / 2..]).unwrap();
+        }
+        let s = admitted(&uri, 2).await;
+        assert_eq!(s["follow"]["skipped_files"], 0, "{s}");
+        end(&uri).await;
+        reader.await.unwrap()
+    });
+    let mut ids: Vec<u64> = got
+        .iter()
+        .flatten()
+        .flat_map(|s| common::real_row_ids(&s.batch))
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..6_000).collect::<Vec<_>>());
+}
+
 /// A rank's trainer in the kill -9 test: reads `rank` from `start`, keeps each step in
 /// `got` (a step got twice must be the same), rank 0 commits every 5 steps, until the
 /// stream ends (`true`) or breaks.

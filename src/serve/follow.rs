@@ -1,7 +1,8 @@
 //! Following a folder: Parquet and Arrow IPC files that appear in it are admitted to one
 //! endless epoch, as pushed batches are, in a deterministic order. Names starting with `_`
 //! or `.` are ignored (Spark's committers write temporary files that way and rename them
-//! into place), and so are other extensions: a visible file is a complete one.
+//! into place), and so are other extensions; a file written in place is admitted once it
+//! is complete (`settle.rs`).
 //!
 //! With a state directory, each admission is recorded in an append-only manifest
 //! (`follow.manifest`, one JSON line per event, synced before the file's rows go
@@ -30,8 +31,10 @@ use super::spool::state_error;
 use super::stream::Runs;
 use crate::error::{Error, Result};
 mod read;
+mod settle;
 use read::Read;
 pub(super) use read::Reader;
+pub(super) use settle::Settle;
 
 /// The manifest's file name in the state directory.
 pub const MANIFEST_FILE: &str = "follow.manifest";
@@ -210,6 +213,8 @@ pub(super) struct Follower {
     /// The manifest says the input was ended: after the replay it ends there again (these
     /// are the runs to tell), and no new file is followed.
     pub end_after_replay: Option<Weak<Runs>>,
+    /// New files not yet complete (written in place), looked at again each poll.
+    pub settle: Settle,
 }
 
 /// Batches decoded ahead of their admission.
@@ -308,6 +313,7 @@ impl Follower {
             .filter(|n| eligible(n) && !seen.contains(n))
             .collect();
         names.sort();
+        let names = self.settle.ready(&self.read.dir, names, Instant::now());
         seen.extend(names.iter().cloned());
         names
     }

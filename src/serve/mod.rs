@@ -241,6 +241,7 @@ impl ServedPipeline {
                 spec: ingest.lock().featurizer.spec().clone(),
             },
             end_after_replay: ended.map(|_| Arc::downgrade(&self.runs)),
+            settle: follow::Settle::default(),
         };
         let replay = recorded.split_off(first);
         std::thread::Builder::new()
