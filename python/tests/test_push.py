@@ -123,6 +123,40 @@ def test_a_batch_with_an_unusable_label_is_refused_whole(pushed):
     assert ids == list(range(150))
 
 
+def test_a_held_batch_with_an_unusable_label_is_refused_before_its_acknowledgement(tmp_path, data):
+    """With statistics refreshed from the stream and no state yet, rows are held until the
+    warm-up is reached. A NaN label in a held batch used to be acknowledged; when the held
+    rows were featurized it failed the next good batch, and acknowledged rows were lost."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    toml = tmp_path / "refresh.toml"
+    toml.write_text('input = "flight"\n' + PUSHED + '\n[stats]\nmode = "refresh"\nwarmup = 3000\n')
+    s = Server("--pipeline", toml, "--ranks", "2", "--batch-size", "1000")
+    try:
+        table = pq.read_table(data[0]).slice(0, 4000)
+        table = table.set_column(table.schema.get_field_index("label"), "label",
+                                 pc.cast(table["label"], pa.float64()))
+        client = Client(s.uri)
+        assert client.push("criteo_hash", table.slice(0, 1000))[0]["rows"] == 1000
+        labels = table["label"].to_pylist()[1000:2000]
+        labels[300] = float("nan")
+        bad = table.slice(1000, 1000)
+        bad = bad.set_column(bad.schema.get_field_index("label"), "label", pa.array(labels))
+        with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*is NaN at row_id 1300"):
+            client.push("criteo_hash", bad)
+        for first in (1000, 2000, 3000):
+            assert client.push("criteo_hash", table.slice(first, 1000))[0]["rows"] == 1000
+        got, readers = start_readers(client)
+        client.end_ingest("criteo_hash")
+        for t in readers:
+            t.join(timeout=60)
+        ids = sorted(i for r in range(2) for b in got[r] for i in b.row_id[~b.mask].tolist())
+        assert ids == list(range(4000))
+    finally:
+        s.stop()
+
+
 def test_a_too_large_message_is_resource_exhausted(tmp_path, data):
     path, _ = data
     s = pushed_server(tmp_path, data, "--max-message-bytes", "200000")

@@ -259,6 +259,8 @@ impl Pushed {
             Some(refresh) => {
                 // Checked before its rows are counted: a refused batch changes nothing.
                 st.featurizer.check(&batch.schema()).inspect_err(rejected)?;
+                let labels = st.featurizer.check_labels(&batch, st.next_row);
+                labels.inspect_err(rejected)?;
                 let pieces = refresh.take(&batch, st.next_row, st.skip_below)?;
                 let counts_from = refresh.counts_from();
                 self.counts
@@ -623,6 +625,16 @@ impl PushFeaturizer {
         }
         let plan = self.spec.plan(schema).map_err(|e| invalid(&e))?;
         check_output(&plan.output_schema(), &self.output).map_err(|e| invalid(&e))
+    }
+
+    /// Checks the labels of `batch`, whose rows start at stream row `first_row`, as
+    /// featurizing would: rows held for a first state are acknowledged before that.
+    pub fn check_labels(&self, batch: &RecordBatch, first_row: u64) -> Result<(), ServeError> {
+        match &self.spec.label {
+            Some(label) => hydrant_operators::check_labels(label, batch, first_row)
+                .map_err(|e| ServeError::InvalidArgument(e.to_string())),
+            None => Ok(()),
+        }
     }
 
     /// Featurizes `batch`, its rows numbered from `first_row`.
