@@ -248,7 +248,7 @@ impl Inputs {
             path: path.clone(),
             reason: one_line(e),
         };
-        let file = File::open(&f.path).map_err(|e| input_err(&e))?;
+        let file = open_regular(&f.path).map_err(|e| input_err(&e))?;
         let len = file.metadata().map_err(|e| input_err(&e))?.len();
         if len != f.len {
             return Err(input_err(&format!(
@@ -530,21 +530,33 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Opens `path` for reading if it is a regular file. A FIFO would block the open until a
+/// writer came (and a device could be endless), and a path checked before it is opened can
+/// be swapped for one meanwhile: it is opened without blocking (`O_NONBLOCK`, which reads
+/// of a regular file ignore), then what was opened is checked.
+pub(crate) fn open_regular(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "is not a regular file (a FIFO, device or socket); inputs are read more than \
+             once, so they must be files",
+        ));
+    }
+    Ok(file)
+}
+
 fn open_file(path: &Path) -> Result<InputFile> {
     let err = |reason: String| Error::Input {
         path: path.into(),
         reason,
     };
-    // Opening a FIFO would block until a writer came; a device could be endless.
-    let meta = std::fs::metadata(path).map_err(|e| err(one_line(e)))?;
-    if !meta.is_file() {
-        return Err(err(
-            "is not a regular file (a FIFO, device or socket); inputs are read more than \
-             once, so they must be files"
-                .into(),
-        ));
-    }
-    let mut file = File::open(path).map_err(|e| err(one_line(e)))?;
+    let mut file = open_regular(path).map_err(|e| err(one_line(e)))?;
+    let meta = file.metadata().map_err(|e| err(one_line(e)))?;
     let mut magic = [0u8; 6];
     let n = file.read(&mut magic).map_err(|e| err(one_line(e)))?;
     if n >= 4 && &magic[..4] == b"PAR1" {
@@ -590,7 +602,7 @@ fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile> {
         reason: format!("not a readable Arrow IPC {what}: {}", one_line(e)),
     };
     let open = |projection: Option<Vec<usize>>| -> Result<(SchemaRef, Batches)> {
-        let file = File::open(path).map_err(|e| Error::Input {
+        let file = open_regular(path).map_err(|e| Error::Input {
             path: path.into(),
             reason: one_line(e),
         })?;
