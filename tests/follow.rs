@@ -306,6 +306,68 @@ fn a_file_written_in_place_is_admitted_whole_once_written() {
     assert_eq!(ids, (0..6_000).collect::<Vec<_>>());
 }
 
+/// A followed file deleted while the server was down (nothing committed): the restarted
+/// server cannot admit the recorded stream again. Its trainers used to wait forever, and
+/// `end_ingest` recorded an end at a row they had passed; now every rank's stream ends with
+/// the reason once it has sent what was admitted, and `end_ingest` is refused.
+#[test]
+fn a_stream_that_cannot_be_replayed_ends_its_trainers_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[3_000, 3_000], 53);
+    let (folder, state_dir) = (dir.path().join("followed"), dir.path().join("state-dir"));
+    std::fs::create_dir_all(&folder).unwrap();
+    let rt = common::pushed::runtime();
+    rt.block_on(async {
+        let (mut server, uri) = serve_following(&folder, &state, &state_dir);
+        // The trainers read all 6,000 rows: 6 steps of 2 x 500.
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 0, 6).await }
+        });
+        publish(&source.join("part-0.parquet"), &folder, "p0.parquet");
+        publish(&source.join("part-1.parquet"), &folder, "p1.parquet");
+        admitted(&uri, 2).await;
+        assert!(reader.await.unwrap().iter().all(|r| r.len() == 6));
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+    });
+    std::fs::remove_file(folder.join("p0.parquet")).unwrap();
+    rt.block_on(async {
+        let (_server, uri) = serve_following(&folder, &state, &state_dir);
+        for rank in 0..RANKS {
+            let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+            let mut steps = client.steps(&ticket(rank, 0)).await.unwrap();
+            let ended = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+                loop {
+                    match steps.next_step().await {
+                        Some(Ok(_)) => continue,
+                        other => return other.map(|r| r.map(|_| ())),
+                    }
+                }
+            })
+            .await
+            .expect("the stream ends instead of waiting for rows that cannot come");
+            let ended = format!("{ended:?}");
+            assert!(
+                ended.contains("p0.parquet gave 0 rows, 3000 when first admitted"),
+                "rank {rank}: {ended}"
+            );
+        }
+        let channel = tonic::transport::Channel::from_shared(uri.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut raw = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
+        let refused = raw
+            .do_action(arrow_flight::Action::new("end_ingest", "criteo"))
+            .await
+            .expect_err("an input that failed is not ended");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+        assert!(refused.message().contains("cannot be ended"), "{refused}");
+    });
+}
+
 /// A rank's trainer in the kill -9 test: reads `rank` from `start`, keeps each step in
 /// `got` (a step got twice must be the same), rank 0 commits every 5 steps, until the
 /// stream ends (`true`) or breaks.

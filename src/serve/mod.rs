@@ -131,7 +131,10 @@ impl ServedPipeline {
             self.replay_bytes,
             Arc::from([]),
         );
-        ingest.lock().senders = Some(senders.into_iter().flatten().collect());
+        let mut st = ingest.lock();
+        st.senders = Some(senders.into_iter().flatten().collect());
+        st.errors = run.errors.clone();
+        drop(st);
         *lock(&self.runs) = vec![run];
     }
 
@@ -380,6 +383,7 @@ impl ServedPipeline {
                     replaying: false,
                     skip_below: 0,
                     replay_failed: None,
+                    errors: run.errors.clone(),
                     end_record: None,
                     refresh,
                 },

@@ -64,6 +64,8 @@ pub(super) struct Ingest {
     pub skip_below: u64,
     /// Why the spool could not be admitted again: nothing more is taken on top of it.
     pub replay_failed: Option<String>,
+    /// The run's error slot: a failed input is told to the streams there.
+    pub errors: hydrant_operators::ErrorSlot,
     /// Makes the end durable where there is no spool (a followed folder's manifest):
     /// called with the rows admitted before the input ends.
     pub end_record: Option<EndRecord>,
@@ -186,10 +188,11 @@ impl Pushed {
         self.lock().next_row = row;
     }
 
-    /// Takes no more input, saying why (the input could not be made durable).
+    /// Takes no more input, saying why (the input could not be made durable, or admitted
+    /// again after a restart).
     pub fn fail(&self, why: String) {
-        *lock(&self.counts.replay_failed) = Some(why.clone());
-        self.lock().replay_failed = Some(why);
+        let mut st = self.lock();
+        fail_locked(&mut st, &self.counts, why);
     }
 
     /// Makes commits durable in a state directory that holds no spool (a followed folder).
@@ -216,7 +219,7 @@ impl Pushed {
         let rows = batch.num_rows() as u64;
         if let Some(e) = &st.replay_failed {
             return Err(ServeError::FailedPrecondition(format!(
-                "the spooled input could not be delivered again, so no more is taken: {e}"
+                "the input failed, so no more is taken: {e}"
             )));
         }
         if live
@@ -324,6 +327,13 @@ impl Pushed {
     }
 
     fn end_locked(&self, st: &mut Ingest, runs: &Runs, durable: bool) -> Result<(), ServeError> {
+        // An input that failed is not ended: its end would be recorded at a row the
+        // trainers may be past, and a restart would serve a shorter stream as complete.
+        if let Some(why) = &st.replay_failed {
+            return Err(ServeError::FailedPrecondition(format!(
+                "the input failed, so it cannot be ended: {why}"
+            )));
+        }
         if st.senders.is_none() {
             return Ok(()); // ended already
         }
@@ -393,8 +403,7 @@ impl Pushed {
                     // since may refuse them. Serve what came before, take nothing more
                     // (it would go after rows never delivered), and say why.
                     hydrant_operators::log_line!("hydrant: replaying the spool stopped: {e}");
-                    st.replay_failed = Some(e.to_string());
-                    *lock(&this.counts.replay_failed) = Some(e.to_string());
+                    fail_locked(&mut st, &this.counts, e.to_string());
                     break;
                 }
                 this.counts.replayed.fetch_add(1, Ordering::Relaxed);
@@ -527,6 +536,15 @@ impl Pushed {
             "deleted_segments": deleted,
         }))
     }
+}
+
+/// Takes no more input, saying why: the ranks' streams end with the reason once they have
+/// sent what was admitted, rather than wait for rows that will never come.
+fn fail_locked(st: &mut Ingest, counts: &PushCounts, why: String) {
+    *lock(&counts.replay_failed) = Some(why.clone());
+    st.errors.set("input", &why);
+    st.replay_failed = Some(why);
+    st.senders = None;
 }
 
 /// When a batch arrived, and whether it begins a unit whose freshness is timed (a pushed
