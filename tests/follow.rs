@@ -14,6 +14,8 @@ mod common;
 use common::{Server, folder_with_state, serve};
 
 const RANKS: usize = 2;
+/// How long a test waits for a stream to end.
+const STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn serve_following(folder: &Path, state: &Path, state_dir: &Path) -> (Server, String) {
     let toml = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/criteo.toml");
@@ -306,66 +308,96 @@ fn a_file_written_in_place_is_admitted_whole_once_written() {
     assert_eq!(ids, (0..6_000).collect::<Vec<_>>());
 }
 
-/// A followed file deleted while the server was down (nothing committed): the restarted
-/// server cannot admit the recorded stream again. Its trainers used to wait forever, and
-/// `end_ingest` recorded an end at a row they had passed; now every rank's stream ends with
-/// the reason once it has sent what was admitted, and `end_ingest` is refused.
+/// A followed file deleted while the server was down (nothing committed), or one whose
+/// admission the server was killed in and that was cut short meanwhile: the restarted
+/// server cannot admit the recorded stream again. Its trainers used to wait forever (or,
+/// for the second, get the next file's rows at positions they had passed, and a clean
+/// end), and `end_ingest` recorded an end at a row they had passed; now every rank's stream
+/// ends with the reason once it has sent what was admitted, and `end_ingest` is refused.
 #[test]
 fn a_stream_that_cannot_be_replayed_ends_its_trainers_with_the_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    let (source, state) = folder_with_state(dir.path(), &[3_000, 3_000], 53);
-    let (folder, state_dir) = (dir.path().join("followed"), dir.path().join("state-dir"));
-    std::fs::create_dir_all(&folder).unwrap();
-    let rt = common::pushed::runtime();
-    rt.block_on(async {
-        let (mut server, uri) = serve_following(&folder, &state, &state_dir);
-        // The trainers read all 6,000 rows: 6 steps of 2 x 500.
-        let reader = tokio::spawn({
-            let uri = uri.clone();
-            async move { read(&uri, 0, 6).await }
+    type Damage = fn(&Path, &Path);
+    let deleted: Damage = |folder, _| std::fs::remove_file(folder.join("p0.parquet")).unwrap();
+    // The manifest as a kill during p1's admission leaves it (no `end` line), and p1 cut.
+    let cut: Damage = |folder, state_dir| {
+        let manifest = state_dir.join("follow.manifest");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.contains(r#""event":"end","file":"p1"#))
+            .collect();
+        std::fs::write(&manifest, kept.join("\n") + "\n").unwrap();
+        let p1 = folder.join("p1.parquet");
+        let bytes = std::fs::read(&p1).unwrap();
+        std::fs::write(&p1, &bytes[..bytes.len() / 2]).unwrap();
+    };
+    for (damage, needle) in [
+        (deleted, "p0.parquet cannot be read"),
+        (cut, "p1.parquet is "),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (source, state) = folder_with_state(dir.path(), &[3_000, 3_000], 53);
+        let (folder, state_dir) = (dir.path().join("followed"), dir.path().join("state-dir"));
+        std::fs::create_dir_all(&folder).unwrap();
+        let rt = common::pushed::runtime();
+        rt.block_on(async {
+            let (mut server, uri) = serve_following(&folder, &state, &state_dir);
+            // The trainers read all 6,000 rows: 6 steps of 2 x 500.
+            let reader = tokio::spawn({
+                let uri = uri.clone();
+                async move { read(&uri, 0, 6).await }
+            });
+            publish(&source.join("part-0.parquet"), &folder, "p0.parquet");
+            publish(&source.join("part-1.parquet"), &folder, "p1.parquet");
+            admitted(&uri, 2).await;
+            assert!(reader.await.unwrap().iter().all(|r| r.len() == 6));
+            let _ = server.0.kill();
+            let _ = server.0.wait();
         });
-        publish(&source.join("part-0.parquet"), &folder, "p0.parquet");
-        publish(&source.join("part-1.parquet"), &folder, "p1.parquet");
-        admitted(&uri, 2).await;
-        assert!(reader.await.unwrap().iter().all(|r| r.len() == 6));
-        let _ = server.0.kill();
-        let _ = server.0.wait();
-    });
-    std::fs::remove_file(folder.join("p0.parquet")).unwrap();
-    rt.block_on(async {
-        let (_server, uri) = serve_following(&folder, &state, &state_dir);
-        for rank in 0..RANKS {
-            let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
-            let mut steps = client.steps(&ticket(rank, 0)).await.unwrap();
-            let ended = tokio::time::timeout(std::time::Duration::from_secs(30), async {
-                loop {
-                    match steps.next_step().await {
-                        Some(Ok(_)) => continue,
-                        other => return other.map(|r| r.map(|_| ())),
-                    }
-                }
-            })
-            .await
-            .expect("the stream ends instead of waiting for rows that cannot come");
-            let ended = format!("{ended:?}");
-            assert!(
-                ended.contains("p0.parquet gave 0 rows, 3000 when first admitted"),
-                "rank {rank}: {ended}"
-            );
-        }
-        let channel = tonic::transport::Channel::from_shared(uri.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut raw = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
-        let refused = raw
-            .do_action(arrow_flight::Action::new("end_ingest", "criteo"))
-            .await
-            .expect_err("an input that failed is not ended");
-        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
-        assert!(refused.message().contains("cannot be ended"), "{refused}");
-    });
+        damage(&folder, &state_dir);
+        rt.block_on(async {
+            let (_server, uri) = serve_following(&folder, &state, &state_dir);
+            // Both ranks at once: a pushed stream's unread rank holds the other back.
+            let ends: Vec<_> = (0..RANKS)
+                .map(|rank| {
+                    let uri = uri.clone();
+                    tokio::spawn(async move {
+                        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+                        let mut steps = client.steps(&ticket(rank, 0)).await.unwrap();
+                        let ended = tokio::time::timeout(STALL, async {
+                            loop {
+                                match steps.next_step().await {
+                                    Some(Ok(_)) => continue,
+                                    other => return other.map(|r| r.map(|_| ())),
+                                }
+                            }
+                        });
+                        let ended = ended.await.expect("the stream ends, not waits for rows");
+                        format!("{ended:?}")
+                    })
+                })
+                .collect();
+            for (rank, ended) in ends.into_iter().enumerate() {
+                let ended = ended.await.unwrap();
+                assert!(
+                    ended.contains(needle) && ended.contains("cannot be admitted again"),
+                    "rank {rank}: {ended}"
+                );
+            }
+            let channel = tonic::transport::Channel::from_shared(uri.clone())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut raw = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
+            let refused = raw
+                .do_action(arrow_flight::Action::new("end_ingest", "criteo"))
+                .await
+                .expect_err("an input that failed is not ended");
+            assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+            assert!(refused.message().contains("cannot be ended"), "{refused}");
+        });
+    }
 }
 
 /// A rank's trainer in the kill -9 test: reads `rank` from `start`, keeps each step in

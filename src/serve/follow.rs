@@ -49,8 +49,14 @@ const SKIPPED_SHOWN: usize = 16;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
 enum Line {
-    /// A file's admission began; its rows start at stream row `row`.
-    Begin { file: String, row: u64 },
+    /// A file's admission began; its rows start at stream row `row`, and it was `bytes`
+    /// long (absent in manifests written before it was recorded).
+    Begin {
+        file: String,
+        row: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes: Option<u64>,
+    },
     /// It ended with `rows` admitted; `error` says why the rest were skipped.
     End {
         file: String,
@@ -92,6 +98,8 @@ pub(super) struct Admission {
     pub file: String,
     pub row: u64,
     pub rows: Option<u64>,
+    /// The file's length when it was first admitted (recorded ones).
+    pub bytes: Option<u64>,
 }
 
 /// The manifest, appended to.
@@ -127,10 +135,11 @@ impl Manifest {
                 state_error(&path, &format!("the line at byte {whole} is damaged: {e}"))
             })?;
             match parsed {
-                Line::Begin { file, row } => admissions.push(Admission {
+                Line::Begin { file, row, bytes } => admissions.push(Admission {
                     file,
                     row,
                     rows: None,
+                    bytes,
                 }),
                 Line::End { file, rows, .. } => match admissions.last_mut() {
                     Some(a) if a.file == file && a.rows.is_none() => a.rows = Some(rows),
@@ -275,6 +284,7 @@ impl Follower {
                         file,
                         row: 0,
                         rows: None,
+                        bytes: None,
                     };
                     (a, false)
                 })
@@ -357,12 +367,29 @@ impl Follower {
             );
             return Err(Stop::Failed(why));
         }
+        let bytes = std::fs::metadata(self.read.dir.join(&a.file)).map(|m| m.len());
+        if replayed
+            && let Some(was) = a.bytes
+            && bytes.as_ref().ok() != Some(&was)
+        {
+            let now = match &bytes {
+                Ok(n) => format!("is {n} bytes"),
+                Err(e) => format!("cannot be read ({})", crate::error::one_line(e)),
+            };
+            let why = format!(
+                "{} {now}; it was {was} bytes when first admitted: it changed while the \
+                 server was down, so the stream cannot be admitted again",
+                a.file
+            );
+            return Err(Stop::Failed(why));
+        }
         if let Some(m) = &self.manifest
             && !replayed
         {
             let begin = Line::Begin {
                 file: a.file.clone(),
                 row,
+                bytes: bytes.ok(),
             };
             lock(m)
                 .append(&begin)
@@ -488,6 +515,7 @@ mod tests {
             file: format!("f{row}"),
             row,
             rows,
+            bytes: None,
         };
         let ended = Recorded {
             admissions: vec![a(0, Some(10)), a(10, None), a(25, None)],
@@ -516,6 +544,7 @@ mod tests {
                 Line::Begin {
                     file: "a.parquet".into(),
                     row: 0,
+                    bytes: Some(7),
                 },
                 Line::End {
                     file: "a.parquet".into(),
@@ -525,6 +554,7 @@ mod tests {
                 Line::Begin {
                     file: "b.parquet".into(),
                     row: 10,
+                    bytes: None,
                 },
             ] {
                 m.append(&line).unwrap();
@@ -543,12 +573,14 @@ mod tests {
                 Admission {
                     file: "a.parquet".into(),
                     row: 0,
-                    rows: Some(10)
+                    rows: Some(10),
+                    bytes: Some(7),
                 },
                 Admission {
                     file: "b.parquet".into(),
                     row: 10,
-                    rows: None
+                    rows: None,
+                    bytes: None,
                 },
             ]
         );
