@@ -296,6 +296,22 @@ fn a_file_written_in_place_is_admitted_whole_once_written() {
         }
         let s = admitted(&uri, 2).await;
         assert_eq!(s["follow"]["skipped_files"], 0, "{s}");
+        // A name that is not UTF-8 is not admitted, and says so (it used to be ignored).
+        use std::os::unix::ffi::OsStrExt;
+        let odd = std::ffi::OsStr::from_bytes(b"odd-\xff.parquet");
+        std::fs::copy(source.join("part-0.parquet"), folder.join(odd)).unwrap();
+        let mut skipped = serde_json::Value::Null;
+        for _ in 0..200 {
+            skipped = status(&uri).await["follow"]["skipped"].clone();
+            if skipped[0]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("not UTF-8"))
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert!(skipped.to_string().contains("not UTF-8"), "{skipped}");
         end(&uri).await;
         reader.await.unwrap()
     });

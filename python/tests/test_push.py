@@ -86,8 +86,10 @@ def test_push_then_read_every_row_once(pushed):
 def test_a_batch_of_the_wrong_schema_is_rejected_whole(pushed):
     server, table = pushed
     client = Client(server.uri)
-    with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*`c3`"):
+    with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*`c3`") as refused:
         client.push("criteo_hash", table.drop_columns(["c3"]).slice(0, 100))
+    # The producer is told the pipeline's name, not where the server keeps its file.
+    assert "pushed.toml" not in str(refused.value) and "`criteo_hash`" in str(refused.value)
     assert client.status()["pipelines"][0]["pushed"]["rows_in"] == 0
     # The server keeps taking good batches.
     assert client.push("criteo_hash", table.slice(0, 100))[0]["rows"] == 100

@@ -224,6 +224,8 @@ pub(super) struct Follower {
     pub end_after_replay: Option<Weak<Runs>>,
     /// New files not yet complete (written in place), looked at again each poll.
     pub settle: Settle,
+    /// Names that are not UTF-8, reported as skipped once.
+    pub odd_names: HashSet<std::ffi::OsString>,
 }
 
 /// Batches decoded ahead of their admission.
@@ -318,10 +320,21 @@ impl Follower {
         let Ok(entries) = std::fs::read_dir(&self.read.dir) else {
             return Vec::new();
         };
-        let mut names: Vec<String> = entries
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| eligible(n) && !seen.contains(n))
-            .collect();
+        let mut names = Vec::new();
+        for name in entries.filter_map(|e| Some(e.ok()?.file_name())) {
+            match name.into_string() {
+                Ok(n) if eligible(&n) && !seen.contains(&n) => names.push(n),
+                Ok(_) => {}
+                // Told once, not taken: the manifest and the clients name files in UTF-8.
+                Err(odd) => {
+                    let shown = odd.to_string_lossy().into_owned();
+                    if eligible(&shown) && self.odd_names.insert(odd) {
+                        self.counts
+                            .skip(&shown, "its name is not UTF-8; rename it to be admitted");
+                    }
+                }
+            }
+        }
         names.sort();
         let names = self.settle.ready(&self.read.dir, names, Instant::now());
         seen.extend(names.iter().cloned());

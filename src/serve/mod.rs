@@ -245,6 +245,7 @@ impl ServedPipeline {
             },
             end_after_replay: ended.map(|_| Arc::downgrade(&self.runs)),
             settle: follow::Settle::default(),
+            odd_names: Default::default(),
         };
         let replay = recorded.split_off(first);
         std::thread::Builder::new()

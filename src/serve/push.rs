@@ -641,8 +641,19 @@ impl PushFeaturizer {
                 "column `{ROW_ID}` is added by hydrant; do not push it"
             )));
         }
-        let plan = self.spec.plan(schema).map_err(|e| invalid(&e))?;
+        let plan = self.spec.plan(schema).map_err(|e| self.plan_error(e))?;
         check_output(&plan.output_schema(), &self.output).map_err(|e| invalid(&e))
+    }
+
+    /// Why a pushed schema does not fit the pipeline, as its producer is told: without the
+    /// server's path of the pipeline file.
+    fn plan_error(&self, e: crate::Error) -> ServeError {
+        ServeError::InvalidArgument(match e {
+            crate::Error::Spec { reason, .. } => {
+                format!("pipeline `{}`: {reason}", self.spec.name)
+            }
+            other => other.to_string(),
+        })
     }
 
     /// Checks the labels of `batch`, whose rows start at stream row `first_row`, as
@@ -676,7 +687,7 @@ impl PushFeaturizer {
                         "more than {MAX_SCHEMAS} different schemas pushed; push one schema"
                     )));
                 }
-                let plan = self.spec.plan(&schema).map_err(|e| invalid(&e))?;
+                let plan = self.spec.plan(&schema).map_err(|e| self.plan_error(e))?;
                 let t = plan.transformer(&self.state).map_err(|e| invalid(&e))?;
                 self.transformers.push((schema, t));
                 self.transformers.len() - 1
