@@ -411,7 +411,16 @@ impl Follower {
         let (rows, error) = self.admit_rows(&pushed, rx, a.rows, since)?;
         // Clients are told the file's name in the folder, not the server's path.
         let path = self.read.dir.join(&a.file).display().to_string();
-        let error = error.map(|e| e.replace(&path, &a.file));
+        let mut error = error.map(|e| e.replace(&path, &a.file));
+        if self.settle.unfinished(&a.file) && error.is_none() {
+            // Read to its last whole message without an error: the rest never came.
+            error = Some(format!(
+                "{} was not whole {} s after it last changed (no footer or end-of-stream \
+                 marker); its rows up to there were admitted",
+                a.file,
+                settle::SETTLE.as_secs()
+            ));
+        }
         if let Some(e) = &error {
             self.counts.skip(&a.file, e);
         }

@@ -24,6 +24,8 @@ pub(in crate::serve) const SETTLE: Duration = Duration::from_secs(2);
 #[derive(Default)]
 pub(in crate::serve) struct Settle {
     waiting: HashMap<String, (u64, Option<SystemTime>, Instant)>,
+    /// Files taken after [`SETTLE`] without being whole, until [`Settle::unfinished`] asks.
+    unfinished: std::collections::HashSet<String>,
 }
 
 impl Settle {
@@ -35,6 +37,13 @@ impl Settle {
             .into_iter()
             .filter(|name| self.is_ready(dir, name, now))
             .collect()
+    }
+
+    /// Whether `name` was taken without being whole (asked once, when it is admitted):
+    /// an IPC stream cut at a message boundary reads without an error, and is then told as
+    /// skipped from where it stops.
+    pub fn unfinished(&mut self, name: &str) -> bool {
+        self.unfinished.remove(name)
     }
 
     fn is_ready(&mut self, dir: &Path, name: &str, now: Instant) -> bool {
@@ -50,6 +59,7 @@ impl Settle {
             let settled = now.duration_since(since) >= SETTLE;
             if settled {
                 self.waiting.remove(name);
+                self.unfinished.insert(name.to_string());
             }
             return settled;
         }
@@ -233,9 +243,12 @@ mod tests {
                 .ready(dir.path(), names(), t1 + SETTLE / 2)
                 .is_empty()
         );
-        // Unchanged for SETTLE since it was last seen changing: taken, whole or not.
+        // Unchanged for SETTLE since it was last seen changing: taken, whole or not, and
+        // said to be unfinished (once).
         assert_eq!(settle.ready(dir.path(), names(), t1 + SETTLE), ["b.arrow"]);
         assert!(settle.waiting.is_empty());
+        assert!(!settle.unfinished("a.parquet"));
+        assert!(settle.unfinished("b.arrow") && !settle.unfinished("b.arrow"));
 
         // A file gone is forgotten; a FIFO is taken at once (the reader refuses it), and
         // looking at it does not block.
