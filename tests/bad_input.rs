@@ -100,13 +100,7 @@ fn a_schema_that_does_not_match_the_pipeline_is_named() {
         std::sync::Arc::new(arrow::array::Int32Array::from(vec![1])) as arrow::array::ArrayRef,
     )])
     .unwrap();
-    let mut w = arrow::ipc::writer::FileWriter::try_new(
-        std::fs::File::create(&other).unwrap(),
-        &batch.schema(),
-    )
-    .unwrap();
-    w.write(&batch).unwrap();
-    w.finish().unwrap();
+    write_ipc_file(&other, &batch);
     let err = hydrant_err(&[
         "run",
         "--pipeline",
@@ -275,13 +269,7 @@ fn unusable_labels_are_named_by_row_id() {
             RecordBatch::try_from_iter([("y", Arc::new(y) as ArrayRef), ("x", Arc::new(x))])
                 .unwrap();
         let input = dir.path().join(format!("bad{k}.arrow"));
-        let mut w = arrow::ipc::writer::FileWriter::try_new(
-            std::fs::File::create(&input).unwrap(),
-            &batch.schema(),
-        )
-        .unwrap();
-        w.write(&batch).unwrap();
-        w.finish().unwrap();
+        write_ipc_file(&input, &batch);
         let err = hydrant_err(&[
             "run",
             "--pipeline",
@@ -295,4 +283,12 @@ fn unusable_labels_are_named_by_row_id() {
         ]);
         assert!(err.contains(&format!("label column `y` {needle}")), "{err}");
     }
+}
+
+/// Writes `batch` to `path` as an Arrow IPC file.
+fn write_ipc_file(path: &std::path::Path, batch: &arrow::array::RecordBatch) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = arrow::ipc::writer::FileWriter::try_new(file, &batch.schema()).unwrap();
+    w.write(batch).unwrap();
+    w.finish().unwrap();
 }
