@@ -97,6 +97,15 @@ async fn end(uri: &str) {
         .unwrap();
 }
 
+/// Every real row id the ranks' steps hold, sorted.
+fn sorted_ids(ranks: &[Vec<hydrant_flight::StepBatch>]) -> Vec<u64> {
+    let mut ids: Vec<u64> = (ranks.iter().flatten())
+        .flat_map(|s| common::real_row_ids(&s.batch))
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
 /// Waits until the server has admitted `files` files.
 async fn admitted(uri: &str, files: u64) -> serde_json::Value {
     for _ in 0..400 {
@@ -152,13 +161,7 @@ fn a_followed_folder_streams_new_files_and_resumes_from_a_commit() {
     });
     // 9,000 rows in steps of 2 x 500: 9 steps per rank; every row once.
     assert_eq!(whole.iter().map(Vec::len).collect::<Vec<_>>(), [9, 9]);
-    let mut ids: Vec<u64> = whole
-        .iter()
-        .flatten()
-        .flat_map(|s| common::real_row_ids(&s.batch))
-        .collect();
-    ids.sort_unstable();
-    assert_eq!(ids, (0..9_000).collect::<Vec<_>>());
+    assert_eq!(sorted_ids(&whole), (0..9_000).collect::<Vec<_>>());
     // Each batch names the stream positions its rows came from (row ids are positions).
     for s in whole.iter().flatten() {
         let [first, end] = s
@@ -332,13 +335,7 @@ fn a_file_written_in_place_is_admitted_whole_once_written() {
         end(&uri).await;
         reader.await.unwrap()
     });
-    let mut ids: Vec<u64> = got
-        .iter()
-        .flatten()
-        .flat_map(|s| common::real_row_ids(&s.batch))
-        .collect();
-    ids.sort_unstable();
-    assert_eq!(ids, (0..9_000).collect::<Vec<_>>());
+    assert_eq!(sorted_ids(&got), (0..9_000).collect::<Vec<_>>());
 }
 
 /// A followed file deleted while the server was down (nothing committed), or one whose
@@ -489,11 +486,7 @@ fn kill_9_while_a_writer_adds_files_loses_and_duplicates_nothing() {
     });
     // 24,000 rows in steps of 2 x 500: 24 steps per rank, every row once.
     assert_eq!(reference.iter().map(Vec::len).collect::<Vec<_>>(), [24, 24]);
-    let mut ids: Vec<u64> = (reference.iter().flatten())
-        .flat_map(|s| common::real_row_ids(&s.batch))
-        .collect();
-    ids.sort_unstable();
-    assert_eq!(ids, (0..24_000).collect::<Vec<_>>());
+    assert_eq!(sorted_ids(&reference), (0..24_000).collect::<Vec<_>>());
 
     let (folder, state_dir) = (dir.path().join("followed"), dir.path().join("state-dir"));
     std::fs::create_dir_all(&folder).unwrap();

@@ -2,26 +2,44 @@
 //! only, and no more than a limit, so that `/dev/zero` or a FIFO given by mistake is a
 //! one-line error rather than a process that reads until it runs out of memory.
 
+use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 
-/// Reads `path`, a regular file of at most `max` bytes.
-pub fn read_small_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
-    let meta = std::fs::metadata(path)?;
-    if !meta.is_file() {
-        return Err(invalid(
-            "is not a regular file (a FIFO, device or folder)".into(),
+/// Opens `path` for reading if it is a regular file. A FIFO would block the open until a
+/// writer came (and a device could be endless), and a path checked before it is opened can
+/// be swapped for one meanwhile: it is opened without blocking (`O_NONBLOCK`, which reads
+/// of a regular file ignore), then what was opened is checked.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "is not a regular file (a FIFO, device, socket or folder)",
         ));
     }
-    let too_big = |len: u64| invalid(format!("is {len} bytes; at most {max} are read"));
-    if meta.len() > max {
-        return Err(too_big(meta.len()));
+    Ok(file)
+}
+
+/// Reads `path`, a regular file of at most `max` bytes.
+pub fn read_small_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    let file = open_regular(path)?;
+    let len = file.metadata()?.len();
+    let too_big = |len: u64| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("is {len} bytes; at most {max} are read"),
+        )
+    };
+    if len > max {
+        return Err(too_big(len));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    std::fs::File::open(path)?
-        .take(max + 1)
-        .read_to_end(&mut bytes)?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
         return Err(too_big(bytes.len() as u64));
     }

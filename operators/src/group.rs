@@ -41,6 +41,16 @@ pub enum LabelType {
     Int64,
 }
 
+impl LabelType {
+    /// The Arrow type labels are delivered as.
+    pub fn data_type(self) -> arrow::datatypes::DataType {
+        match self {
+            LabelType::Float32 => arrow::datatypes::DataType::Float32,
+            LabelType::Int64 => arrow::datatypes::DataType::Int64,
+        }
+    }
+}
+
 /// Which column is the label and what type it is delivered as.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

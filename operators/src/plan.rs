@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
 use crate::error::{OpError, Result};
-use crate::group::{FeatureGroup, GroupKind, LabelSpec, LabelType};
+use crate::group::{FeatureGroup, GroupKind, LabelSpec};
 use crate::kernels::categorical::is_string_type;
 use crate::step::Step;
 
@@ -342,11 +342,7 @@ fn check_chain(group: &FeatureGroup, column: &str, source: Source) -> Result<usi
 fn output_schema(groups: &[GroupPlan], label: Option<&LabelSpec>) -> SchemaRef {
     let mut fields = vec![Field::new(ROW_ID, DataType::UInt64, false)];
     if let Some(label) = label {
-        let t = match label.dtype {
-            LabelType::Float32 => DataType::Float32,
-            LabelType::Int64 => DataType::Int64,
-        };
-        fields.push(Field::new("label", t, true));
+        fields.push(Field::new("label", label.dtype.data_type(), true));
     }
     for g in groups {
         let item = match g.spec.kind {
@@ -363,6 +359,7 @@ fn output_schema(groups: &[GroupPlan], label: Option<&LabelSpec>) -> SchemaRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::group::LabelType;
 
     fn schema() -> Schema {
         Schema::new(vec![

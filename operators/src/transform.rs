@@ -13,7 +13,7 @@ use arrow::datatypes::{DataType, Field, Float32Type, Int64Type};
 
 use crate::bind::{bind_numeric, column, numeric_values, param, wrong_param};
 use crate::error::{OpError, Result};
-use crate::group::{GroupKind, LabelSpec, LabelType};
+use crate::group::{GroupKind, LabelSpec};
 use crate::kernels::categorical::{DictCache, Lookup, VocabIndex, one_hot, strings_to_index};
 use crate::kernels::numeric::{NumOp, chain_to_bucket, chain_to_f32};
 use crate::plan::{FeaturePlan, ROW_ID, Source};
@@ -210,7 +210,10 @@ impl Transformer {
             .ok_or_else(|| OpError::Schema(format!("no UInt64 `{ROW_ID}` column")))?;
         let mut out: Vec<ArrayRef> = vec![row_id.clone()];
         if let Some(label) = &self.plan.label {
-            let values = cast(column(batch, "label", &label.column)?, &label_type(label))?;
+            let values = cast(
+                column(batch, "label", &label.column)?,
+                &label.dtype.data_type(),
+            )?;
             let row_ids: &UInt64Array = row_id.as_primitive();
             check_label(&label.column, &values, |k| row_ids.value(k))?;
             out.push(values);
@@ -307,22 +310,17 @@ fn row_blocks<'a, T>(
         }))
 }
 
-/// A ready tensor column, checked to be a non-null list of the group's item type.
 /// Checks the labels of `batch` (input rows, numbered from `first_row`) as
 /// [`Transformer::apply`] does, without featurizing them: for input that is acknowledged
 /// before it can be featurized (rows held until a first state is fitted).
 pub fn check_labels(label: &LabelSpec, batch: &RecordBatch, first_row: u64) -> Result<()> {
-    let values = cast(column(batch, "label", &label.column)?, &label_type(label))?;
+    let values = cast(
+        column(batch, "label", &label.column)?,
+        &label.dtype.data_type(),
+    )?;
     check_label(&label.column, &values, |k| {
         first_row.saturating_add(k as u64)
     })
-}
-
-fn label_type(label: &LabelSpec) -> DataType {
-    match label.dtype {
-        LabelType::Float32 => DataType::Float32,
-        LabelType::Int64 => DataType::Int64,
-    }
 }
 
 /// Fails on the first label a trainer could not use: a null, or (for float labels) NaN or
@@ -349,6 +347,7 @@ fn check_label(column: &str, values: &ArrayRef, row_id: impl Fn(usize) -> u64) -
     Ok(())
 }
 
+/// A ready tensor column, checked to be a non-null list of the group's item type.
 fn tensor_column(
     batch: &RecordBatch,
     group: &str,
@@ -491,6 +490,7 @@ mod tests {
     use arrow::datatypes::Schema;
 
     use super::*;
+    use crate::group::LabelType;
     use crate::state::FittedState;
 
     /// A transformer of a label alone, of `dtype`, over a batch of rows 10, 11, ...

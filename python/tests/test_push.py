@@ -46,6 +46,26 @@ def start_readers(client):
     return got, readers
 
 
+def with_label(table, row, value):
+    """`table` with its label as float64, row `row` (if any) set to `value`."""
+    import pyarrow as pa
+
+    labels = [float(v) for v in table["label"].to_pylist()]
+    if row is not None:
+        labels[row] = value
+    at = table.schema.get_field_index("label")
+    return table.set_column(at, "label", pa.array(labels, type=pa.float64()))
+
+
+def ended_ids(client):
+    """Ends the input and reads both ranks to their end: every real row id, sorted."""
+    got, readers = start_readers(client)
+    client.end_ingest("criteo_hash")
+    for t in readers:
+        t.join(timeout=60)
+    return sorted(i for r in range(2) for b in got[r] for i in b.row_id[~b.mask].tolist())
+
+
 def test_push_then_read_every_row_once(pushed):
     server, table = pushed
     client = Client(server.uri)
@@ -99,62 +119,37 @@ def test_a_batch_with_an_unusable_label_is_refused_whole(pushed):
     """A null (or NaN) label used to be acknowledged and reach the trainers; now the batch
     is refused before it is acknowledged, naming the row, and the next batch takes its
     place in the stream."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     server, table = pushed
     client = Client(server.uri)
     assert client.push("criteo_hash", table.slice(0, 100))[0]["rows"] == 100
     bad = table.slice(100, 50)
-    at = bad.schema.get_field_index("label")
-    labels = pa.array([None if i == 7 else v for i, v in enumerate(bad["label"].to_pylist())],
-                      type=bad.schema.field("label").type)
     with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*label column `label` is null at row_id 107"):
-        client.push("criteo_hash", bad.set_column(at, "label", labels))
-    nan = pc.cast(bad["label"], pa.float64()).to_pylist()
-    nan[3] = float("nan")
+        client.push("criteo_hash", with_label(bad, 7, None))
     with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*label column `label` is NaN at row_id 103"):
-        client.push("criteo_hash", bad.set_column(at, "label", pa.array(nan)))
+        client.push("criteo_hash", with_label(bad, 3, float("nan")))
     assert client.status()["pipelines"][0]["pushed"]["rows_in"] == 100
     assert client.push("criteo_hash", bad)[0]["rows"] == 50
-    got, readers = start_readers(client)
-    client.end_ingest("criteo_hash")
-    for t in readers:
-        t.join(timeout=60)
-    ids = sorted(i for r in range(2) for b in got[r] for i in b.row_id[~b.mask].tolist())
-    assert ids == list(range(150))
+    assert ended_ids(client) == list(range(150))
 
 
 def test_a_held_batch_with_an_unusable_label_is_refused_before_its_acknowledgement(tmp_path, data):
     """With statistics refreshed from the stream and no state yet, rows are held until the
     warm-up is reached. A NaN label in a held batch used to be acknowledged; when the held
     rows were featurized it failed the next good batch, and acknowledged rows were lost."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     toml = tmp_path / "refresh.toml"
     toml.write_text('input = "flight"\n' + PUSHED + '\n[stats]\nmode = "refresh"\nwarmup = 3000\n')
     s = Server("--pipeline", toml, "--ranks", "2", "--batch-size", "1000")
     try:
         table = pq.read_table(data[0]).slice(0, 4000)
-        table = table.set_column(table.schema.get_field_index("label"), "label",
-                                 pc.cast(table["label"], pa.float64()))
+        table = with_label(table, None, None)
         client = Client(s.uri)
         assert client.push("criteo_hash", table.slice(0, 1000))[0]["rows"] == 1000
-        labels = table["label"].to_pylist()[1000:2000]
-        labels[300] = float("nan")
-        bad = table.slice(1000, 1000)
-        bad = bad.set_column(bad.schema.get_field_index("label"), "label", pa.array(labels))
+        bad = with_label(table.slice(1000, 1000), 300, float("nan"))
         with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*is NaN at row_id 1300"):
             client.push("criteo_hash", bad)
         for first in (1000, 2000, 3000):
             assert client.push("criteo_hash", table.slice(first, 1000))[0]["rows"] == 1000
-        got, readers = start_readers(client)
-        client.end_ingest("criteo_hash")
-        for t in readers:
-            t.join(timeout=60)
-        ids = sorted(i for r in range(2) for b in got[r] for i in b.row_id[~b.mask].tolist())
-        assert ids == list(range(4000))
+        assert ended_ids(client) == list(range(4000))
     finally:
         s.stop()
 

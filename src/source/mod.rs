@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::reader::{FileReader, StreamReader};
-use hydrant_operators::{Batch, FeaturePlan, ROW_ID};
+use hydrant_operators::{Batch, FeaturePlan, ROW_ID, open_regular};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
@@ -528,26 +528,6 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
         });
     }
     Ok(files)
-}
-
-/// Opens `path` for reading if it is a regular file. A FIFO would block the open until a
-/// writer came (and a device could be endless), and a path checked before it is opened can
-/// be swapped for one meanwhile: it is opened without blocking (`O_NONBLOCK`, which reads
-/// of a regular file ignore), then what was opened is checked.
-pub(crate) fn open_regular(path: &Path) -> std::io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "is not a regular file (a FIFO, device or socket); inputs are read more than \
-             once, so they must be files",
-        ));
-    }
-    Ok(file)
 }
 
 fn open_file(path: &Path) -> Result<InputFile> {

@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::source::open_regular;
+use hydrant_operators::open_regular;
 
 /// How long a file that is not whole must stay unchanged before it is admitted anyway.
 pub(in crate::serve) const SETTLE: Duration = Duration::from_secs(2);
