@@ -124,6 +124,14 @@ fn each_process_delivers_its_own_ranks_through_its_loaders() {
             assert_eq!(*n, want, "process {p}, rank {r}: {s}");
         }
         rows += s["rows"].as_u64().unwrap();
+        // Each process reads only its ranks' shares: 5 full steps of 4 x 50 give each rank
+        // 250 rows an epoch; the last step's 3 rows are read by process 0.
+        let read = s["featurized_rows"].as_u64().unwrap();
+        assert_eq!(
+            read,
+            2 * [503, 500][p],
+            "process {p} featurized {read} rows: {s}"
+        );
     }
     assert_eq!(rows, 2 * 1003);
     // A trainer of its own needs a process per node, but logreg's all-reduce is in memory.

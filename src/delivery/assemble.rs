@@ -150,9 +150,17 @@ impl Assembler {
 
     /// Emits every step that is complete and next in order.
     pub fn ready(&mut self, out: &mut Vec<RankBatch>) -> Result<()> {
+        self.ready_before((u64::MAX, u64::MAX), out)
+    }
+
+    /// Emits every step before `(epoch, step)` `end` that is complete and next in order.
+    pub fn ready_before(&mut self, end: (u64, u64), out: &mut Vec<RankBatch>) -> Result<()> {
         let b = self.placement.batch_size();
         while !self.epoch_done() {
             let key = (self.epoch, self.next_step);
+            if key >= end {
+                return Ok(());
+            }
             let real = match self.rows {
                 Some(rows) => self.placement.real_rows(rows, self.next_step, self.rank),
                 None => b,
@@ -301,8 +309,8 @@ mod tests {
         .unwrap()
     }
 
-    /// One epoch the way the dataflow runs it: units in plan order read in chunks of
-    /// `chunk` rows (skippable units skipped), split by rank, the pieces reaching the
+    /// One epoch the way the dataflow runs it: the plan's reads of every rank read in
+    /// chunks of `chunk` rows, split by rank, the pieces reaching the
     /// owners in an order scrambled by `scramble`, assembled and emitted per rank.
     fn deliver(
         plan: &EpochPlan,
@@ -313,13 +321,10 @@ mod tests {
     ) -> Vec<Vec<RankBatch>> {
         let rows_total = plan.rows();
         let deliver = (start * plan.step_rows()).min(plan.delivered_rows())..plan.delivered_rows();
-        let skip = plan.skippable(epoch, start);
         let mut pieces = Vec::new();
-        for (u, pos, n) in plan.unit_positions(epoch) {
-            if skip[u] {
-                continue;
-            }
-            let first_row: u64 = (0..u).map(|v| plan.unit_rows(v)).sum();
+        for read in plan.reads(epoch, 0..plan.world_size(), true, start) {
+            let (pos, n) = (read.pos, read.rows);
+            let first_row: u64 = (0..read.unit).map(|v| plan.unit_rows(v)).sum::<u64>() + read.skip;
             let mut at = 0;
             while at < n {
                 let k = (n - at).min(chunk as u64) as usize;
@@ -429,7 +434,8 @@ mod tests {
         let mut out = Vec::new();
         owner.ready(&mut out).unwrap();
         let src = input.column(1).as_fixed_size_list().values().to_data();
-        // Rank 1 of step 0 is rows 16..32: 32 floats into the input's buffer.
+        // Rank 1's share is rows 32..64, its step 0 rows 32..48: 64 floats into the input's
+        // buffer.
         let got = out[0]
             .data()
             .column(1)
@@ -437,7 +443,7 @@ mod tests {
             .values()
             .to_data();
         let offset = got.buffers()[0].as_ptr() as usize - src.buffers()[0].as_ptr() as usize;
-        assert_eq!(offset, 32 * 4);
+        assert_eq!(offset, 64 * 4);
     }
 
     #[test]

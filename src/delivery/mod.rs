@@ -33,7 +33,7 @@ pub use own::own;
 pub use permute::Permutation;
 pub use piece::{Piece, rank_rows, split, split_at};
 pub use place::PlaceRows;
-pub use plan::{EpochPlan, LastBatch, ORDER_VERSION, Ownership, Place, Placement};
+pub use plan::{EpochPlan, LastBatch, ORDER_VERSION, Ownership, Place, Placement, Read};
 pub use stream::StreamCutter;
 pub use wire::Pieces;
 
@@ -54,10 +54,17 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    /// The timestamp of position `pos` of epoch `epoch`: positions of all epochs on one
-    /// clock, so that readers on any worker advance together.
+    /// The timestamp of position `pos` of epoch `epoch`: the epoch's steps on one clock,
+    /// a row at the step its window starts in ([`Placement::time_of`]), so that readers
+    /// of every rank's share, on any worker, advance together.
     pub fn time(&self, epoch: u64, pos: u64) -> u64 {
-        epoch.saturating_mul(self.plan.rows()).saturating_add(pos)
+        let t = self.plan.placement().time_of(pos, self.plan.rows());
+        self.epoch_time(epoch).saturating_add(t)
+    }
+
+    /// The timestamp of step 0 of `epoch`.
+    fn epoch_time(&self, epoch: u64) -> u64 {
+        epoch.saturating_mul(self.plan.steps())
     }
 
     /// The step delivery starts at in `epoch`.
@@ -75,39 +82,52 @@ impl Delivery {
         first.min(self.plan.delivered_rows())..self.plan.delivered_rows()
     }
 
-    /// The earliest time a row of step `step` of `epoch` can carry: the start of the
-    /// window holding the step's first index. An owner waiting for that step holds it.
-    pub fn step_time(&self, epoch: u64, step: u64) -> u64 {
-        let first = step
-            .saturating_mul(self.plan.step_rows())
-            .min(self.plan.rows());
-        self.time(epoch, self.plan.placement().window_start(first))
+    /// The first `(epoch, step)` whose rows may still come while the frontier is at
+    /// `time` (`None`: the input ended, everything came).
+    pub fn passed(&self, time: Option<u64>) -> (u64, u64) {
+        let steps = self.plan.steps();
+        match time {
+            Some(t) if steps > 0 => (t / steps, t % steps),
+            // No steps: every time is 0, and nothing waits for rows.
+            _ => (u64::MAX, u64::MAX),
+        }
     }
 
-    /// How far (in positions) a reader may run ahead of the slowest owner's next step:
-    /// far enough that the rows that step needs are read whatever the reader order, and
-    /// no further, which bounds what owners hold (and so peak memory).
+    /// The earliest time a row of step `step` of `epoch` can carry (the step its first
+    /// row's window starts in). An owner waiting for that step holds it.
+    pub fn step_time(&self, epoch: u64, step: u64) -> u64 {
+        let t = self.plan.placement().step_time(step);
+        self.epoch_time(epoch).saturating_add(t)
+    }
+
+    /// How far (in steps) a reader may run ahead of the slowest owner's next step: far
+    /// enough that the rows that step needs are read whatever the reader order, and no
+    /// further, which bounds what owners hold (and so peak memory) to this many steps of
+    /// each rank.
     ///
-    /// The slowest reader never waits: every position before its own is read, so the
-    /// oldest step not yet emitted starts at most a step and a window behind it, or a step
-    /// and two windows where steps straddle windows (its first position is then in the
-    /// window before). The other `peers - 1` readers may each be a unit further on, so
-    /// that all of them read at once, and a few batches more are in flight. Each term
-    /// beyond that only let readers run further ahead than owners could use: on 1M and
-    /// 10M Criteo rows (2 ranks, 2 workers) dropping the unneeded window and unit cut
-    /// peak RSS by 7-15 MB in order and 15-30 MB shuffled, at the same speed.
-    pub fn reader_slack(&self, peers: usize, biggest_unit: u64, batch_rows: u64) -> u64 {
+    /// The slowest reader never waits: every row of a time before its own is read, and a
+    /// step's rows carry times at most a window (and a step, where windows straddle steps)
+    /// before the step. The other `readers - 1` of a process may each be a unit further on
+    /// so that all of them read at once, and a few batches more are in flight. Readers
+    /// take turns over the `shares` they read, in time order, so a unit of `U` rows moves
+    /// the time on by about `U / (B · shares)` steps.
+    pub fn reader_slack(
+        &self,
+        readers: usize,
+        shares: usize,
+        biggest_unit: u64,
+        batch_rows: u64,
+    ) -> u64 {
         let placement = self.plan.placement();
-        let (k, step_rows) = (placement.window(), self.plan.step_rows());
-        let windows = if k % step_rows == 0 { 1 } else { 2 };
-        step_rows
-            .saturating_add(k.saturating_mul(windows))
-            .saturating_add(
-                (peers as u64)
-                    .saturating_sub(1)
-                    .saturating_mul(biggest_unit),
-            )
-            .saturating_add(IN_FLIGHT.saturating_mul(batch_rows))
+        let (k, b) = (placement.window(), placement.batch_size() as u64);
+        let windows = if k % b == 0 { k / b } else { k / b + 2 };
+        let steps = |rows: u64| rows.div_ceil(b.saturating_mul(shares.max(1) as u64));
+        let others = (readers as u64)
+            .saturating_sub(1)
+            .saturating_mul(biggest_unit);
+        1u64.saturating_add(windows)
+            .saturating_add(steps(others))
+            .saturating_add(steps(IN_FLIGHT.saturating_mul(batch_rows)))
     }
 }
 

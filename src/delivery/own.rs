@@ -5,6 +5,13 @@
 //! ([`Delivery::step_time`]), so a probe after it tells readers how far the slowest owner
 //! has come: that is the flow control that bounds memory.
 //!
+//! A step goes out once its input frontier has passed the step, not merely once its rows
+//! are in: every rank's rows of that step are then in their owners' hands too. A rank's
+//! trainer waits for the others at every step (all-reduce) and its owner blocks when the
+//! rank's loader is full; were a rank's steps let out as soon as they filled, its owner
+//! could block holding rows of a step another rank still needs (each process reads every
+//! share of its ranks, so one worker's reads feed several ranks).
+//!
 //! A worker that owns several ranks emits their steps in lockstep — step `s` of every one
 //! of them before step `s + 1` of any — because the sink after it blocks when a rank's
 //! loader is full: a rank that ran ahead must never hold up, in the same worker, the step
@@ -88,8 +95,9 @@ pub fn own<'s>(
                 let Some(c) = &mut cap else {
                     return;
                 };
+                let passed = delivery.passed(frontier.frontier().iter().min().copied());
                 for o in &mut owners {
-                    if let Err(e) = o.advance(&delivery) {
+                    if let Err(e) = o.advance(&delivery, passed) {
                         failed.get_or_insert(e.to_string());
                     }
                 }
@@ -141,15 +149,16 @@ impl Owned {
             .map_or(self.assembler.next(), |rb| (rb.meta.epoch, rb.meta.step))
     }
 
-    /// Cuts what can be cut, moving on through the epochs it finishes.
-    fn advance(&mut self, delivery: &Delivery) -> Result<()> {
+    /// Cuts what can be cut before `(epoch, step)` `end`, moving on through the epochs it
+    /// finishes.
+    fn advance(&mut self, delivery: &Delivery, end: (u64, u64)) -> Result<()> {
         let mut out = Vec::new();
         loop {
             let (epoch, _) = self.assembler.next();
             if epoch >= delivery.epochs {
                 break;
             }
-            self.assembler.ready(&mut out)?;
+            self.assembler.ready_before(end, &mut out)?;
             if !self.assembler.epoch_done() {
                 break;
             }

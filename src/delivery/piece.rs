@@ -7,7 +7,8 @@ use std::sync::OnceLock;
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
 
-use super::plan::Placement;
+use super::plan::{Placement, Window};
+use super::window::WindowOrder;
 use super::wire::Wire;
 use crate::error::Result;
 
@@ -113,34 +114,39 @@ pub fn split(
     out: &mut Vec<Piece>,
 ) {
     if !placement.shuffled() {
-        return split_in_order(placement, epoch, first_pos, &deliver, batch, out);
+        return split_in_order(placement, epoch, rows, first_pos, &deliver, batch, out);
     }
     let positions = first_pos..first_pos + batch.num_rows() as u64;
     split_at(placement, epoch, rows, positions, &deliver, batch, out);
 }
 
-/// [`split`] for rows in order: a row's index is its position, so a rank's rows are runs
-/// of B, and pieces are made run by run instead of placing each row (placing was most
-/// of a reader's time when it featurizes nothing).
+/// [`split`] for rows in order: runs of positions go to runs of a rank's indices (up to
+/// a step's end, or a share's), so pieces are made run by run instead of placing each row
+/// (placing was most of a reader's time when it featurizes nothing).
 fn split_in_order(
     placement: &Placement,
     epoch: u64,
+    rows: u64,
     first_pos: u64,
     deliver: &Range<u64>,
     batch: &RecordBatch,
     out: &mut Vec<Piece>,
 ) {
-    let b = placement.batch_size() as u64;
     let end = first_pos + batch.num_rows() as u64;
-    let (mut i, hi) = (first_pos.max(deliver.start), end.min(deliver.end));
     let mut by_rank: Vec<(Vec<u64>, Vec<u32>)> = vec![Default::default(); placement.world_size()];
-    while i < hi {
-        // A rank's run ends where the next rank's starts: at the next multiple of B.
-        let run_end = ((i / b + 1) * b).min(hi);
-        let (indices, rows) = &mut by_rank[placement.rank_of(i)];
-        indices.extend(i..run_end);
-        rows.extend((i - first_pos) as u32..(run_end - first_pos) as u32);
-        i = run_end;
+    let mut p = first_pos;
+    while p < end {
+        let (i, run) = placement.run_at(p, rows);
+        let run = run.min(end - p);
+        // The part of the run's indices `i..i + run` that is delivered.
+        let (lo, hi) = (i.max(deliver.start), (i + run).min(deliver.end));
+        if lo < hi {
+            let (indices, picks) = &mut by_rank[placement.rank_of(lo)];
+            indices.extend(lo..hi);
+            let row = (p - first_pos + (lo - i)) as u32;
+            picks.extend(row..row + (hi - lo) as u32);
+        }
+        p += run;
     }
     for (rank, (indices, rows)) in by_rank.into_iter().enumerate() {
         if !indices.is_empty() {
@@ -258,22 +264,22 @@ fn place_each(
     deliver: &Range<u64>,
     mut f: impl FnMut(u64, usize),
 ) {
-    let k = placement.window();
-    // The window being placed, as (first position, end, permutation): positions ascend,
-    // so a new window is found by comparing with its end, not by a division per row.
-    let mut window = (0, 0, None);
+    // The window being placed, with its bijection: positions ascend, so a new window is
+    // found by comparing with its end, not by working out the window of each row.
+    let mut window: Option<(Window, Option<WindowOrder>)> = None;
     for (row, p) in positions.enumerate() {
-        if p >= window.1 || p < window.0 {
-            let start = placement.window_start(p);
-            let perm = placement
-                .shuffled()
-                .then(|| placement.window_order(epoch, start / k, (rows - start).min(k)));
-            window = (start, start.saturating_add(k), perm);
-        }
-        let i = match &mut window.2 {
-            Some(perm) => window.0 + perm.apply(p - window.0),
-            None => p,
+        let (w, order) = match &mut window {
+            Some((w, order)) if (w.start..w.start + w.len).contains(&p) => (*w, order),
+            _ => {
+                let w = placement.window_at(p, rows);
+                let order = placement
+                    .shuffled()
+                    .then(|| placement.window_order(epoch, &w));
+                let (w, order) = window.insert((w, order));
+                (*w, order)
+            }
         };
+        let i = placement.index_in(&w, order.as_mut().map_or(0, |o| o.apply(p - w.start)));
         if deliver.contains(&i) {
             f(i, row);
         }

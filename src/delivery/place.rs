@@ -18,8 +18,8 @@ use super::piece::{Piece, split, split_at};
 use super::plan::{Ownership, Placement};
 use super::wire::Pieces;
 
-/// Places the rows of a stream of featurized batches, each stamped (`seq`) with the time
-/// of its first row ([`Delivery::time`]).
+/// Places the rows of a stream of featurized batches, each stamped (`seq`) with where its
+/// first row sits: `epoch · rows + position`.
 pub trait PlaceRows<'s> {
     /// One piece per rank that receives rows of a batch, at the batch's time. With
     /// [`Delivery::only`], a batch holds only that rank's rows, not all of a run of

@@ -3,22 +3,36 @@
 //!
 //! An epoch's *positions* are its rows in the order it reads them: the input's units (row
 //! groups, files) in input order, or permuted per epoch with `--shuffle`, their rows in
-//! turn. Position `p` becomes output index `i`: unshuffled `i = p`; shuffled, positions are
-//! permuted inside windows of `K` consecutive positions by a keyed bijection, so rows mix
-//! with their window and a window is all anyone must hold (a block shuffle, as MosaicML's
-//! StreamingDataset does). Output index `i` is global step `i / (W·B)`, rank
-//! `(i mod W·B) / B`, slot `i mod B`. So every rank takes the same number of steps and
-//! every batch has exactly `B` rows: the last, short global step is filled with padding
-//! rows (`pad`) or left out (`drop`).
+//! turn. Output index `i` is global step `i / (W·B)`, rank `(i mod W·B) / B`, slot
+//! `i mod B`, so every rank takes the same number of steps and every batch has exactly `B`
+//! rows: the last, short global step is filled with padding rows (`pad`) or left out
+//! (`drop`).
 //!
-//! A window's bijection (`WindowOrder`, in `window.rs`) is *strided* when the window is `m·B` rows and
-//! starts on a multiple of `B` (`K` a multiple of `B`, every full window): its `B`
-//! strata of `m` consecutive positions each give one row to each of the window's `m`
-//! batches — which row to which batch drawn per stratum (keyed by seed, epoch, window and
-//! stratum) — and a batch keeps its rows in position order. The rows one featurized batch
-//! gives a rank's batch are then one run of slots, so delivery moves runs, not rows.
-//! Other windows (an epoch's short last one, or `K` not a multiple of `B`) are permuted
-//! whole by a Feistel network ([`Permutation`]).
+//! **Rank-major shares.** An epoch of `N` rows has `F = ⌊N / (W·B)⌋` full steps. Its first
+//! `W·F·B` positions are cut into `W` *shares* of `F·B` consecutive positions: share `r`
+//! is all of rank `r`'s rows of the full steps, in step order. The remaining positions
+//! (fewer than `W·B`, the *tail*) are the last step, laid out across ranks as output
+//! indices are (`pad`), or left out (`drop`). So a rank's rows are one contiguous run of
+//! positions, and a process reads only the units that feed its own ranks: rows cross
+//! processes only in the tail (see `EpochPlan::reads`).
+//!
+//! Shuffled, positions are permuted inside windows of `K` consecutive positions of a share
+//! (or of the tail) by a keyed bijection, so rows mix with their window and a window is
+//! all anyone must hold (a block shuffle, as MosaicML's StreamingDataset does); the unit
+//! order, permuted per epoch, decides which rows each share holds.
+//!
+//! A window's bijection (`WindowOrder`, in `window.rs`) is *strided* when the window is
+//! `m·B` rows and `K` a multiple of `B`: its `B` strata of `m` consecutive positions each
+//! give one row to each of the window's `m` batches — which row to which batch drawn per
+//! stratum (keyed by seed, epoch, window and stratum) — and a batch keeps its rows in
+//! position order. The rows one featurized batch gives a rank's batch are then one run of
+//! slots, so delivery moves runs, not rows. Other windows (a share's short last one, the
+//! tail, or `K` not a multiple of `B`) are permuted whole by a Feistel network
+//! ([`Permutation`]).
+//!
+//! Pushed input, whose length is only known at its end, has no shares: its positions are
+//! its output indices, windows of `K` permuted as above ([`Placement::new`] without
+//! [`Placement::over`]).
 //!
 //! The order is versioned ([`ORDER_VERSION`]): batches and summaries say which order they
 //! follow, and a change to this file that changes an order must bump it.
@@ -29,10 +43,12 @@ use super::permute::{Permutation, mix, shuffle};
 use super::window::WindowOrder;
 use crate::error::{Error, Result};
 
-/// The version of the order this plan produces: 4 is the strided window (see the module);
-/// 3 permuted every window whole with a multiply-shift Feistel network (2 had a splitmix
-/// round function, 1 was a sequential shuffle buffer).
-pub const ORDER_VERSION: u32 = 4;
+/// The version of the order this plan produces: 5 gives each rank a contiguous share of an
+/// epoch's positions (see the module; pushed input is laid out as in 4); 4 laid positions
+/// out step-major with strided windows; 3 permuted every window whole with a
+/// multiply-shift Feistel network (2 had a splitmix round function, 1 was a sequential
+/// shuffle buffer).
+pub const ORDER_VERSION: u32 = 5;
 
 /// What happens to the rows of a last global step that is not full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -80,6 +96,26 @@ pub struct Placement {
     seed: u64,
     /// Shuffle window rows; `None` keeps input order.
     window: Option<u64>,
+    /// The epoch's rows when known ([`Placement::over`]): positions then fall in rank
+    /// shares. `None` for a stream.
+    shares_of: Option<u64>,
+}
+
+/// A shuffle window: `len` positions from `start`, in the segment (a rank's share, or the
+/// tail) that starts at `segment`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    /// First position.
+    pub start: u64,
+    /// Positions in the window.
+    pub len: u64,
+    /// First position of its segment.
+    segment: u64,
+    /// The rank whose share holds it; `None` in the tail or a stream (indices follow
+    /// positions there).
+    rank: Option<usize>,
+    /// What keys its bijection.
+    id: u64,
 }
 
 impl Placement {
@@ -110,7 +146,31 @@ impl Placement {
             last_batch,
             seed,
             window,
+            shares_of: None,
         })
+    }
+
+    /// This placement for epochs of `rows` rows: each rank's rows of the full steps are one
+    /// share of consecutive positions (see the module).
+    pub fn over(self, rows: u64) -> Self {
+        Placement {
+            shares_of: Some(rows),
+            ..self
+        }
+    }
+
+    /// This placement for a stream of unknown length: positions are output indices.
+    pub fn stream(self) -> Self {
+        Placement {
+            shares_of: None,
+            ..self
+        }
+    }
+
+    /// Positions in each rank's share (0 for a stream): its rows of the full steps.
+    pub fn share_rows(&self) -> u64 {
+        self.shares_of
+            .map_or(0, |n| n / self.step_rows() * self.batch_size as u64)
     }
 
     /// Data-parallel ranks.
@@ -143,7 +203,8 @@ impl Placement {
         self.window.unwrap_or(1)
     }
 
-    /// The first position of the window holding position (or output index) `x`.
+    /// The first position of a stream's window holding position (or output index) `x`
+    /// (an epoch's windows start at its shares' starts: [`Placement::time_of`]).
     pub fn window_start(&self, x: u64) -> u64 {
         x - x % self.window()
     }
@@ -157,30 +218,111 @@ impl Placement {
     }
 
     /// The output index of position `pos` in epoch `epoch` of `rows` rows. Pass
-    /// `u64::MAX` for `rows` while the total is unknown: only the last window depends on
-    /// it, so that is right for every window that is full.
+    /// `u64::MAX` for `rows` while the total of a stream is unknown: only its last window
+    /// depends on it, so that is right for every window that is full.
     pub fn index(&self, epoch: u64, pos: u64, rows: u64) -> u64 {
-        match self.window {
-            None => pos,
-            Some(k) => {
-                let start = pos - pos % k;
-                let len = (rows - start).min(k);
-                start + self.window_order(epoch, start / k, len).apply(pos - start)
+        let w = self.window_at(pos, rows);
+        let offset = match self.window {
+            None => 0,
+            Some(_) => self.window_order(epoch, &w).apply(pos - w.start),
+        };
+        self.index_in(&w, offset)
+    }
+
+    /// The window holding position `pos` of an epoch (or stream) of `rows` rows.
+    #[inline]
+    pub(crate) fn window_at(&self, pos: u64, rows: u64) -> Window {
+        let k = self.window();
+        let share = self.share_rows();
+        let (segment, end, rank) = match self.shares_of {
+            Some(_) if pos < share * self.world_size as u64 => {
+                let r = pos / share;
+                (r * share, (r + 1) * share, Some(r as usize))
             }
+            Some(n) => (share * self.world_size as u64, n.max(pos + 1), None),
+            None => (0, rows.max(pos + 1), None),
+        };
+        let start = pos - (pos - segment) % k;
+        Window {
+            start,
+            len: (end - start).min(k),
+            segment,
+            rank,
+            // A stream keys windows by number (as order 4 did); shares by first position.
+            id: if self.shares_of.is_some() {
+                start
+            } else {
+                start / k
+            },
         }
     }
 
-    /// The bijection of window `window` (of `len` positions) of epoch `epoch`, from
-    /// offsets in the window to offsets in its output indices. Callers that place many
-    /// rows of one window make it once.
-    pub(crate) fn window_order(&self, epoch: u64, window: u64, len: u64) -> WindowOrder {
-        let key = mix(mix(self.seed ^ mix(epoch)) ^ window);
-        let b = self.batch_size as u64;
-        if self.window().is_multiple_of(b) && len.is_multiple_of(b) && len > 0 {
-            WindowOrder::strided(len / b, b, key)
-        } else {
-            WindowOrder::Keyed(Permutation::new(len, key))
+    /// The output index of the row that window `w`'s bijection sends to `offset` in it.
+    #[inline]
+    pub(crate) fn index_in(&self, w: &Window, offset: u64) -> u64 {
+        let o = w.start - w.segment + offset;
+        match w.rank {
+            Some(r) => {
+                let b = self.batch_size as u64;
+                (o / b) * self.step_rows() + r as u64 * b + o % b
+            }
+            None => w.segment + o,
         }
+    }
+
+    /// The bijection of window `w` in epoch `epoch`, from offsets in the window to
+    /// offsets in its output indices. Callers that place many rows of one window make it
+    /// once.
+    pub(crate) fn window_order(&self, epoch: u64, w: &Window) -> WindowOrder {
+        let key = mix(mix(self.seed ^ mix(epoch)) ^ w.id);
+        let b = self.batch_size as u64;
+        if self.window().is_multiple_of(b) && w.len.is_multiple_of(b) && w.len > 0 {
+            WindowOrder::strided(w.len / b, b, key)
+        } else {
+            WindowOrder::Keyed(Permutation::new(w.len, key))
+        }
+    }
+
+    /// Positions from `pos` that go, in order, to consecutive output indices of one rank
+    /// when unshuffled (at least 1), with the index of `pos`: a rank's rows in a batch
+    /// are then runs, moved without placing each row.
+    #[inline]
+    pub(crate) fn run_at(&self, pos: u64, rows: u64) -> (u64, u64) {
+        let w = self.window_at(pos, rows);
+        let i = self.index_in(&w, 0);
+        let b = self.batch_size as u64;
+        let to_boundary = b - i % b;
+        let in_segment = match (self.shares_of, w.rank) {
+            (Some(_), Some(r)) => (r as u64 + 1) * self.share_rows() - pos,
+            _ => u64::MAX,
+        };
+        (i, to_boundary.min(in_segment))
+    }
+
+    /// The time of position `pos` within an epoch of `rows` rows: the step of the first
+    /// index of its window (no row of it lands in an earlier step), or the last step in
+    /// the tail. Readers stamp rows with it.
+    pub fn time_of(&self, pos: u64, rows: u64) -> u64 {
+        let w = self.window_at(pos, rows);
+        match w.rank {
+            Some(_) => (w.start - w.segment) / self.batch_size as u64,
+            None => self.index_in(&w, 0) / self.step_rows(),
+        }
+    }
+
+    /// The earliest time (see [`Placement::time_of`]) a row of step `step` can carry:
+    /// every rank's share has the same windows, so it is the same for every rank.
+    pub fn step_time(&self, step: u64) -> u64 {
+        let full = self.share_rows() / self.batch_size as u64;
+        if self.shares_of.is_none() {
+            let first = step.saturating_mul(self.step_rows());
+            return self.window_start(first) / self.step_rows();
+        }
+        if step >= full {
+            return full;
+        }
+        let first = step * self.batch_size as u64;
+        (first - first % self.window()) / self.batch_size as u64
     }
 
     /// Whether every full window is strided (see the module): the rows a featurized batch
@@ -201,9 +343,9 @@ impl Placement {
         }
     }
 
-    /// The positions that rank `rank`'s rows of step `step` are drawn from: exactly its
-    /// output indices when unshuffled, the windows holding them when shuffled (rows move
-    /// only within their window). Callers clamp it to the rows there are.
+    /// The stream positions that rank `rank`'s rows of step `step` are drawn from: exactly
+    /// its output indices when unshuffled, the windows holding them when shuffled (rows
+    /// move only within their window). Callers clamp it to the rows there are.
     pub fn positions(&self, step: u64, rank: usize) -> std::ops::Range<u64> {
         let b = self.batch_size as u64;
         let first = step
@@ -297,8 +439,9 @@ impl EpochPlan {
         seed: u64,
         shuffle_window: Option<u64>,
     ) -> Result<Self> {
-        let placement = Placement::new(world_size, batch_size, last_batch, seed, shuffle_window)?;
         let rows = unit_rows.iter().sum();
+        let placement =
+            Placement::new(world_size, batch_size, last_batch, seed, shuffle_window)?.over(rows);
         Ok(EpochPlan {
             placement,
             unit_rows,
@@ -410,24 +553,72 @@ impl EpochPlan {
         out
     }
 
-    /// The first position of epoch `epoch` that a delivery starting at `start_step` must
-    /// read: rows before it all land in earlier steps (the start of the window holding the
-    /// first delivered index).
-    pub fn first_needed(&self, start_step: u64) -> u64 {
-        let first = start_step.saturating_mul(self.step_rows()).min(self.rows);
-        self.placement.window_start(first)
+    /// The ranks that receive rows of the tail (the last step's rows when it is not full):
+    /// a catch-up run for one of them reads the tail too.
+    pub fn tail_ranks(&self) -> std::ops::Range<usize> {
+        let body = self.placement.share_rows() * self.world_size() as u64;
+        let tail = self.delivered_rows().saturating_sub(body);
+        0..tail.div_ceil(self.batch_size() as u64) as usize
     }
 
-    /// Which units of epoch `epoch` need not be read when delivery starts at `start_step`:
-    /// all their rows fall in the steps before it. Indexed by unit.
-    pub fn skippable(&self, epoch: u64, start_step: u64) -> Vec<bool> {
-        let needed = self.first_needed(start_step);
-        let mut skip = vec![false; self.unit_rows.len()];
-        for (u, pos, rows) in self.unit_positions(epoch) {
-            skip[u] = pos + rows <= needed;
+    /// What a reader of `ranks` must read of epoch `epoch` to deliver its steps from
+    /// `start_step` on: the part of each rank's share from the window holding the start
+    /// step's first row, and with `tail`, the delivered tail. Cut at unit boundaries and in
+    /// time order (ties in position order), so that readers merging them advance through
+    /// the steps of every rank together.
+    pub fn reads(
+        &self,
+        epoch: u64,
+        ranks: std::ops::Range<usize>,
+        tail: bool,
+        start_step: u64,
+    ) -> Vec<Read> {
+        let p = &self.placement;
+        let (b, share) = (self.batch_size() as u64, p.share_rows());
+        let mut wanted = Vec::new();
+        if start_step.saturating_mul(b) < share {
+            let first = start_step * b;
+            let from = first - first % p.window();
+            wanted.extend(ranks.map(|r| r as u64 * share + from..(r as u64 + 1) * share));
         }
-        skip
+        let body = share * self.world_size() as u64;
+        if tail && body < self.delivered_rows() && start_step <= share / b {
+            wanted.push(body..self.delivered_rows());
+        }
+        let mut reads = Vec::new();
+        for (unit, first, rows) in self.unit_positions(epoch) {
+            for range in &wanted {
+                let (lo, hi) = (range.start.max(first), range.end.min(first + rows));
+                if lo < hi {
+                    reads.push(Read {
+                        unit,
+                        skip: lo - first,
+                        rows: hi - lo,
+                        pos: lo,
+                        time: p.time_of(lo, self.rows),
+                    });
+                }
+            }
+        }
+        reads.sort_by_key(|r| (r.time, r.pos));
+        reads
     }
+}
+
+/// Rows of one unit a reader reads: `rows` rows from the unit's row `skip`, at positions
+/// `pos..` of the epoch; the first has time `time` ([`Placement::time_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    /// The unit (its index in the input).
+    pub unit: usize,
+    /// Rows of the unit before the first read.
+    pub skip: u64,
+    /// Rows read.
+    pub rows: u64,
+    /// Position of the first.
+    pub pos: u64,
+    /// Time of the first.
+    pub time: u64,
 }
 
 #[cfg(test)]
@@ -514,13 +705,44 @@ mod tests {
             prop_assert_eq!(order.iter().copied().collect::<HashSet<_>>().len() as u64, p.rows());
         }
 
-        /// A row moves only within its window.
+        /// A row moves only within its window, which lies in one rank's share (or the
+        /// tail).
         #[test]
         fn rows_stay_in_their_window((units, w, b, _pad, window, epoch) in layouts()) {
             let p = plan(units, w, b, LastBatch::Pad, window);
-            let k = p.placement().window();
+            let pl = p.placement();
             for pos in 0..p.rows() {
-                prop_assert_eq!(p.index(epoch, pos) / k, pos / k);
+                let win = pl.window_at(pos, p.rows());
+                let i = p.index(epoch, pos);
+                let hit = (0..win.len).any(|o| pl.index_in(&win, o) == i);
+                prop_assert!(hit, "position {} went to {} outside {:?}", pos, i, win);
+                let share = pl.share_rows();
+                if pos < share * w as u64 {
+                    prop_assert_eq!(win.rank, Some((pos / share) as usize));
+                    prop_assert!(win.start + win.len <= (pos / share + 1) * share);
+                }
+            }
+        }
+
+        /// Each rank's rows of the full steps come from its share, in step order: a row's
+        /// time is no later than its step, and no earlier than the step's time.
+        #[test]
+        fn ranks_take_their_share_and_times_lead_steps((units, w, b, pad, window, epoch) in layouts()) {
+            let last = if pad { LastBatch::Pad } else { LastBatch::Drop };
+            let p = plan(units, w, b, last, window);
+            let pl = p.placement();
+            let (share, full) = (pl.share_rows(), p.rows() / p.step_rows());
+            prop_assert_eq!(share, full * b as u64);
+            for pos in 0..p.rows() {
+                let Some(place) = p.place(epoch, pos) else { continue };
+                let t = pl.time_of(pos, p.rows());
+                prop_assert!(pl.step_time(place.step) <= t && t <= place.step);
+                if pos < share * w as u64 {
+                    prop_assert_eq!(place.rank as u64, pos / share);
+                    prop_assert!(place.step < full);
+                } else {
+                    prop_assert_eq!(place.step, full);
+                }
             }
         }
 
@@ -534,45 +756,71 @@ mod tests {
             epoch in 0u64..3,
         ) {
             let p = plan(units, w, b, LastBatch::Pad, Some(m * b as u64));
-            let (k, b) = (p.placement().window(), b as u64);
-            prop_assert!(p.placement().strided());
+            let pl = p.placement();
+            let b = b as u64;
+            prop_assert!(pl.strided());
+            for pos in 0..pl.share_rows() * w as u64 {
+                let win = pl.window_at(pos, p.rows());
+                prop_assert_eq!(win.len % b, 0);
+                let m = win.len / b;
+                let i = p.index(epoch, pos);
+                // The index's offset in the share, then in the window.
+                let at = (i / p.step_rows()) * b + i % b - (win.start - win.segment);
+                prop_assert_eq!(at % b, (pos - win.start) / m);
+            }
+        }
+
+        /// The reads of a set of ranks cover, once each and in time order, every position
+        /// whose row those ranks receive from the start step on, and only positions of
+        /// their shares (and the tail, when asked): split between processes, every needed
+        /// row is read exactly once.
+        #[test]
+        fn reads_cover_what_ranks_need_once(
+            (units, w, b, pad, window, epoch) in layouts(),
+            start in 0u64..6,
+            cut in 0usize..8,
+        ) {
+            let last = if pad { LastBatch::Pad } else { LastBatch::Drop };
+            let p = plan(units, w, b, last, window);
+            let cut = cut.min(w);
+            let parts = [p.reads(epoch, 0..cut, true, start), p.reads(epoch, cut..w, false, start)];
+            let share = p.placement().share_rows();
+            let mut seen = vec![0u32; p.rows() as usize];
+            for (k, reads) in parts.iter().enumerate() {
+                let keys: Vec<_> = reads.iter().map(|r| (r.time, r.pos)).collect();
+                prop_assert!(keys.windows(2).all(|x| x[0] <= x[1]));
+                for r in reads {
+                    prop_assert!(r.skip + r.rows <= p.unit_rows(r.unit));
+                    prop_assert_eq!(r.time, p.placement().time_of(r.pos, p.rows()));
+                    for pos in r.pos..r.pos + r.rows {
+                        seen[pos as usize] += 1;
+                        let owner = if pos < share * w as u64 { (pos / share) as usize } else { usize::MAX };
+                        match k {
+                            0 => prop_assert!(owner < cut || owner == usize::MAX),
+                            _ => prop_assert!((cut..w).contains(&owner)),
+                        }
+                    }
+                }
+            }
             for pos in 0..p.rows() {
-                let start = pos - pos % k;
-                let len = (p.rows() - start).min(k);
-                if len % b != 0 {
-                    continue;
-                }
-                let m = len / b;
-                let at = p.index(epoch, pos) - start;
-                prop_assert_eq!(at % b, (pos - start) / m);
-            }
-        }
-
-        /// Units said to be skippable at a start step hold only rows delivered before it;
-        /// unshuffled, every unit wholly before it is skippable.
-        #[test]
-        fn skippable_units_lie_before_the_start((units, w, b, _pad, window, epoch) in layouts(), start in 0u64..6) {
-            let p = plan(units, w, b, LastBatch::Pad, window);
-            let first = (start * p.step_rows()).min(p.rows());
-            let skip = p.skippable(epoch, start);
-            for (u, pos, rows) in p.unit_positions(epoch) {
-                let before = (pos..pos + rows).all(|q| p.index(epoch, q) < first);
-                if skip[u] {
-                    prop_assert!(before);
-                } else if window.is_none() {
-                    prop_assert!(!before);
+                let needed = p.place(epoch, pos).is_some_and(|pl| pl.step >= start);
+                prop_assert!(seen[pos as usize] <= 1);
+                if needed {
+                    prop_assert_eq!(seen[pos as usize], 1, "position {} is not read", pos);
                 }
             }
         }
 
-        /// Placement of a stream (total unknown) agrees with the plan in every full window.
+        /// A stream's placement (total unknown) places its full windows as it does once
+        /// the total is known.
         #[test]
-        fn a_stream_places_full_windows_as_the_plan_does((units, w, b, _pad, window, epoch) in layouts()) {
+        fn a_stream_places_full_windows_alike((units, w, b, _pad, window, epoch) in layouts()) {
             let p = plan(units, w, b, LastBatch::Pad, window);
-            let k = p.placement().window();
+            let stream = p.placement().stream();
+            let k = stream.window();
             let full = p.rows() - p.rows() % k;
             for pos in 0..full {
-                prop_assert_eq!(p.placement().index(epoch, pos, u64::MAX), p.index(epoch, pos));
+                prop_assert_eq!(stream.index(epoch, pos, u64::MAX), stream.index(epoch, pos, p.rows()));
             }
         }
 
@@ -603,9 +851,18 @@ mod tests {
         assert_ne!(e0, (0..20_000).collect::<Vec<_>>());
         let other = EpochPlan::new(units.clone(), 2, 32, LastBatch::Pad, 8, Some(500)).unwrap();
         assert_ne!(e0, other.order(0));
-        // Without shuffle the order is the input order, every epoch.
+        // Without shuffle each rank's share is input order, every epoch: 312 full steps
+        // of 2 x 32, rank 0 rows 0..9984, rank 1 rows 9984..19968, the tail in order.
         let plain = plan(units, 2, 32, LastBatch::Pad, None);
-        assert_eq!(plain.order(3), (0..20_000).collect::<Vec<_>>());
+        let order = plain.order(3);
+        let rank = |r: u64| -> Vec<u64> {
+            (0..312 * 32)
+                .map(|k| order[((k / 32) * 64 + r * 32 + k % 32) as usize])
+                .collect()
+        };
+        assert_eq!(rank(0), (0..9984).collect::<Vec<_>>());
+        assert_eq!(rank(1), (9984..19_968).collect::<Vec<_>>());
+        assert_eq!(order[19_968..], (19_968..20_000).collect::<Vec<_>>());
     }
 
     #[test]
@@ -615,16 +872,17 @@ mod tests {
         assert_eq!(p.order(0), PINNED);
     }
 
-    const PINNED: [u64; 8] = [2, 1, 0, 3, 5, 4, 6, 7];
+    const PINNED: [u64; 8] = [2, 1, 0, 4, 3, 5, 7, 6];
 
     #[test]
     fn a_fixed_seed_gives_a_fixed_strided_order() {
-        // Pinned as above: 2 ranks of 2, windows of 8 (two batches of each stratum of 2).
+        // Pinned as above: 2 ranks of 2, windows of 8 (a rank's share: four batches, each
+        // taking one row of each stratum of 4).
         let p = plan(vec![8, 8], 2, 2, LastBatch::Pad, Some(8));
         assert_eq!(p.order(0), PINNED_STRIDED);
     }
 
-    const PINNED_STRIDED: [u64; 16] = [3, 7, 1, 4, 2, 5, 0, 6, 8, 14, 11, 13, 10, 15, 9, 12];
+    const PINNED_STRIDED: [u64; 16] = [3, 7, 9, 12, 1, 4, 11, 15, 2, 5, 8, 13, 0, 6, 10, 14];
 
     /// Over the strata of Criteo-sized windows (m = 16 batches), each row of a stratum
     /// goes to each batch about equally often (a chi-square per cell near 1).
@@ -635,7 +893,7 @@ mod tests {
         let placement = Placement::new(2, b as usize, LastBatch::Pad, 3, Some(k)).unwrap();
         let mut count = vec![0u64; (m * m) as usize];
         for window in 0..8 {
-            let mut order = placement.window_order(0, window, k);
+            let mut order = placement.window_order(0, &placement.window_at(window * k, u64::MAX));
             for o in 0..k {
                 let j = order.apply(o) / b;
                 count[((o % m) * m + j) as usize] += 1;

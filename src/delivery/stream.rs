@@ -42,6 +42,7 @@ impl StreamCutter {
         state_version: u64,
         step: u64,
     ) -> Result<Self> {
+        let placement = placement.stream();
         let owners = (0..placement.world_size())
             .map(|r| Assembler::new(placement, r, output, state_version, None, (0, step)))
             .collect::<Result<_>>()?;

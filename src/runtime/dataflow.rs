@@ -7,8 +7,9 @@
 //! input (this worker's units) ─► featurize ─► place ─► exchange to each rank's owner ─► own ─► sink / loader
 //! ```
 //!
-//! Readers run at most a bounded distance (in positions) ahead of the slowest owner's next
-//! step, seen through a probe, and sinks and loaders block when full, so memory is bounded
+//! Each process reads only the shares of the ranks it owns, so rows cross processes only in
+//! an epoch's last, short step. Readers run at most a bounded distance (in steps) ahead of
+//! the slowest owner's next step, seen through a probe, and sinks and loaders block when full, so memory is bounded
 //! by that distance and the queues, not by the input, whatever the number of processes.
 
 use std::cell::RefCell;
@@ -33,7 +34,8 @@ use super::cluster::Cluster;
 use super::fate::{self, Fate};
 use super::gather::all_to_all;
 use crate::delivery::{
-    Arena, Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own, rank_rows,
+    Arena, Delivery, EpochPlan, Ownership, Piece, PlaceRows, RankBatch, Read, delivery_schema, own,
+    rank_rows,
 };
 use crate::error::{Error, Result};
 use crate::loader::LoaderFeed;
@@ -473,7 +475,14 @@ fn run_worker(
         .probe_with(&probe);
     });
 
-    read_epochs(worker, job, &mut input, &probe, errors);
+    read_epochs(
+        worker,
+        job,
+        (ownership, process),
+        &mut input,
+        &probe,
+        errors,
+    );
     drop(input);
     while !probe.done() {
         worker.step_or_park(Some(PARK));
@@ -494,76 +503,161 @@ fn run_worker(
     })
 }
 
-/// Reads this worker's share of each epoch's units (every `peers`-th in the epoch's unit
-/// order), stamping each batch with its time; stays within a bounded distance of the
-/// slowest owner.
+/// Reads this worker's part of each epoch: the reads ([`EpochPlan::reads`]) of the ranks
+/// this process owns (or of the one rank caught up), dealt in turn to the process's
+/// workers. A worker merges its reads by time, so its batches' times never go back, and
+/// stays within a bounded distance of the slowest owner.
+///
+/// [`EpochPlan::reads`]: crate::delivery::EpochPlan::reads
 fn read_epochs(
     worker: &mut Worker,
     job: &Job,
+    (ownership, process): (Ownership, usize),
     input: &mut InputHandle<u64, CapacityContainerBuilder<Vec<Batch>>>,
     probe: &ProbeHandle<u64>,
     errors: &ErrorSlot,
 ) {
-    let (index, peers) = (worker.index(), worker.peers());
+    let (local, workers) = (worker.index() % ownership.workers, ownership.workers);
     let d = &job.delivery;
     let units = job.inputs.units();
     let biggest = units.iter().map(|u| u.rows).max().unwrap_or(0);
-    let slack = d.reader_slack(peers, biggest, job.inputs.batch_rows() as u64);
+    let (ranks, tail) = match d.only {
+        Some(r) => (r..r + 1, d.plan.tail_ranks().contains(&r)),
+        // The tail's rows are few (less than a step): process 0 reads them all.
+        None => (ownership.ranks(process), process == 0),
+    };
+    let batch_rows = job.inputs.batch_rows() as u64;
+    let slack = d.reader_slack(workers, ranks.len(), biggest, batch_rows);
     for epoch in d.start_epoch..d.epochs {
-        let skip = d.plan.skippable(epoch, d.first_step(epoch));
-        let order = d.plan.unit_positions(epoch);
-        for &(u, pos, _) in order.iter().skip(index).step_by(peers) {
-            if skip[u] {
+        let reads = d
+            .plan
+            .reads(epoch, ranks.clone(), tail, d.first_step(epoch));
+        let mut mine = reads.into_iter().skip(local).step_by(workers).peekable();
+        let mut open: Vec<Reading> = Vec::new();
+        loop {
+            // The read whose next row is earliest: one not opened yet if it starts first.
+            let earliest = (0..open.len()).min_by_key(|&k| (open[k].time, open[k].pos));
+            let opens = match (mine.peek(), earliest) {
+                (Some(r), Some(k)) => (r.time, r.pos) < (open[k].time, open[k].pos),
+                (next, _) => next.is_some(),
+            };
+            if opens {
+                let Some(read) = mine.next() else { break };
+                let _running = hydrant_operators::running::enter("source");
+                match job.inputs.read(&units[read.unit]) {
+                    Ok(batches) => open.push(Reading::new(read, units[read.unit].rows, batches)),
+                    Err(e) => return errors.set("source", e),
+                }
                 continue;
             }
-            let unit = &units[u];
-            let read = || {
+            let Some(k) = earliest else { break };
+            let next = {
                 let _running = hydrant_operators::running::enter("source");
-                job.inputs.read(unit)
+                open[k].next(&d.plan)
             };
-            let mut batches = match read() {
-                Ok(b) => b,
+            let (mut first, mut b) = match next {
+                Ok(Some(next)) => next,
+                Ok(None) => {
+                    open.swap_remove(k);
+                    continue;
+                }
                 Err(e) => return errors.set("source", e),
             };
-            let mut offset = 0;
-            loop {
-                // Only reading is `source`; the steps below run the other operators.
-                let next = {
-                    let _running = hydrant_operators::running::enter("source");
-                    batches.next()
-                };
-                let Some(batch) = next else { break };
-                let mut b = match batch {
-                    Ok(b) => b,
+            // Stamped with the time of the batch's first row before any is left out, the
+            // one the merge went by: a worker's times never go back.
+            let time = d.time(epoch, first);
+            if let Some(rank) = d.only {
+                let _running = hydrant_operators::running::enter("source");
+                match rows_of(d, epoch, first, rank, b.data) {
+                    Ok(Some((skipped, data))) => (first, b.data) = (first + skipped, data),
+                    Ok(None) => continue,
                     Err(e) => return errors.set("source", e),
-                };
-                let (mut first, n) = (pos + offset, b.data.num_rows());
-                offset += n as u64;
-                if let Some(rank) = d.only {
-                    let _running = hydrant_operators::running::enter("source");
-                    match rows_of(d, epoch, first, rank, b.data) {
-                        Ok(Some((skipped, data))) => (first, b.data) = (first + skipped, data),
-                        Ok(None) => continue,
-                        Err(e) => return errors.set("source", e),
-                    }
-                }
-                b.seq = d.time(epoch, first);
-                job.featurized
-                    .fetch_add(b.data.num_rows() as u64, Ordering::Relaxed);
-                let time = b.seq;
-                input.advance_to(time);
-                input.send(b);
-                // Step at least once per batch: this worker may own ranks, and assembling
-                // them must not wait for the slack to fill.
-                worker.step();
-                while probe.less_than(&time.saturating_sub(slack)) {
-                    worker.step_or_park(Some(PARK));
-                }
-                if errors.get().is_some() {
-                    return;
                 }
             }
+            b.seq = epoch.saturating_mul(d.plan.rows()).saturating_add(first);
+            job.featurized
+                .fetch_add(b.data.num_rows() as u64, Ordering::Relaxed);
+            input.advance_to(time);
+            input.send(b);
+            // Step at least once per batch: this worker may own ranks, and assembling
+            // them must not wait for the slack to fill.
+            worker.step();
+            while probe.less_than(&time.saturating_sub(slack)) {
+                worker.step_or_park(Some(PARK));
+            }
+            if errors.get().is_some() {
+                return;
+            }
         }
+    }
+}
+
+/// One read being read: its unit's batches, cut to the read's rows.
+struct Reading {
+    batches: Box<dyn Iterator<Item = Result<Batch>> + Send>,
+    /// Rows of the unit still to skip, and still to take.
+    skip: u64,
+    left: u64,
+    /// Whether the read runs to the unit's end: the unit's batches are then read to their
+    /// end, so that a whole unit is cached.
+    to_end: bool,
+    /// Position and time of the next row.
+    pos: u64,
+    time: u64,
+    unit: usize,
+}
+
+impl Reading {
+    fn new(
+        read: Read,
+        unit_rows: u64,
+        batches: Box<dyn Iterator<Item = Result<Batch>> + Send>,
+    ) -> Self {
+        Reading {
+            batches,
+            skip: read.skip,
+            left: read.rows,
+            to_end: read.skip + read.rows == unit_rows,
+            pos: read.pos,
+            time: read.time,
+            unit: read.unit,
+        }
+    }
+
+    /// The next batch of the read's rows, with its first position; `None` at the end.
+    fn next(&mut self, plan: &EpochPlan) -> Result<Option<(u64, Batch)>> {
+        while self.left > 0 {
+            let Some(batch) = self.batches.next() else {
+                return Err(Error::Dataflow(format!(
+                    "unit {} ended {} rows short of what the plan was made for",
+                    self.unit, self.left
+                )));
+            };
+            let mut b = batch?;
+            let n = b.data.num_rows() as u64;
+            if self.skip >= n {
+                self.skip -= n;
+                continue;
+            }
+            let take = (n - self.skip).min(self.left);
+            if take < n {
+                b.data = b.data.slice(self.skip as usize, take as usize);
+            }
+            let first = self.pos;
+            (self.skip, self.left, self.pos) = (0, self.left - take, self.pos + take);
+            self.time = plan.placement().time_of(self.pos, plan.rows());
+            return Ok(Some((first, b)));
+        }
+        if std::mem::take(&mut self.to_end)
+            && let Some(extra) = self.batches.next()
+            && extra?.data.num_rows() > 0
+        {
+            return Err(Error::Dataflow(format!(
+                "unit {} has more rows than the plan was made for",
+                self.unit
+            )));
+        }
+        Ok(None)
     }
 }
 

@@ -164,7 +164,7 @@ impl ServedPipeline {
         state_dir: &std::path::Path,
     ) -> crate::Result<()> {
         let cutter = StreamCutter::from_step(
-            *self.delivery.plan.placement(),
+            self.delivery.plan.placement().stream(),
             &self.plan.output_schema(),
             self.state.version,
             commit.step,
@@ -336,7 +336,8 @@ impl ServedPipeline {
         delivery: Delivery,
     ) -> crate::Result<Self> {
         let plan = Arc::new(spec.plan(&spec.nominal_schema())?);
-        let placement = *delivery.plan.placement();
+        // Pushed rows have no known total: positions are output indices (no rank shares).
+        let placement = delivery.plan.placement().stream();
         let refresh = match spec.stats.refreshes() {
             true => Some(refresh::Refresh::new(
                 &spec,

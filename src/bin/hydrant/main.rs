@@ -361,6 +361,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
     let epochs = job.delivery.epochs - job.delivery.start_epoch.min(job.delivery.epochs);
     let total_rows = plan.delivered_rows() * epochs;
     let progress: Arc<AtomicU64> = job.progress.clone();
+    let featurized: Arc<AtomicU64> = job.featurized.clone();
     let bar = progress_bar(total_rows, matches!(sink, SinkSpec::Train));
     let tick = || bar.set_position(progress.load(Ordering::Relaxed));
     let use_loaders = match &sink {
@@ -423,6 +424,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
         "rows": report.rows,
         "batches": report.batches,
         "input_rows": plan.rows(),
+        "featurized_rows": featurized.load(Ordering::Relaxed),
         "ranks": plan.world_size(),
         "batch_size": plan.batch_size(),
         "epochs": epochs,
