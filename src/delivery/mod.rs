@@ -105,12 +105,15 @@ impl Delivery {
     /// further, which bounds what owners hold (and so peak memory) to this many steps of
     /// each rank.
     ///
-    /// The slowest reader never waits: every row of a time before its own is read, and a
-    /// step's rows carry times at most a window (and a step, where windows straddle steps)
-    /// before the step. The other `readers - 1` of a process may each be a unit further on
-    /// so that all of them read at once, and a few batches more are in flight. Readers
-    /// take turns over the `shares` they read, in time order, so a unit of `U` rows moves
-    /// the time on by about `U / (B · shares)` steps.
+    /// The slowest reader never waits: it moves on to its next batch's time before it
+    /// waits, so every row before that time is read, and owners let out every step before
+    /// it. The first they still hold starts no earlier than that time when rows carry
+    /// their window's first step and windows start on steps (in order, or a window that
+    /// is a multiple of `B`); otherwise up to a window and two steps earlier. The other
+    /// `readers - 1` of a process may each be a unit further on so that all of them read
+    /// at once, and a few batches more are in flight. Readers take turns over the
+    /// `shares` they read, in time order, so a unit of `U` rows moves the time on by about
+    /// `U / (B · shares)` steps.
     pub fn reader_slack(
         &self,
         readers: usize,
@@ -120,7 +123,10 @@ impl Delivery {
     ) -> u64 {
         let placement = self.plan.placement();
         let (k, b) = (placement.window(), placement.batch_size() as u64);
-        let windows = if k % b == 0 { k / b } else { k / b + 2 };
+        let windows = match placement.shuffled() && k % b != 0 {
+            true => k / b + 2,
+            false => 0,
+        };
         let steps = |rows: u64| rows.div_ceil(b.saturating_mul(shares.max(1) as u64));
         let others = (readers as u64)
             .saturating_sub(1)

@@ -579,15 +579,16 @@ impl EpochPlan {
         if start_step.saturating_mul(b) < share {
             let first = start_step * b;
             let from = first - first % p.window();
-            wanted.extend(ranks.map(|r| r as u64 * share + from..(r as u64 + 1) * share));
+            wanted
+                .extend(ranks.map(|r| (Some(r), r as u64 * share + from..(r as u64 + 1) * share)));
         }
         let body = share * self.world_size() as u64;
         if tail && body < self.delivered_rows() && start_step <= share / b {
-            wanted.push(body..self.delivered_rows());
+            wanted.push((None, body..self.delivered_rows()));
         }
         let mut reads = Vec::new();
         for (unit, first, rows) in self.unit_positions(epoch) {
-            for range in &wanted {
+            for (rank, range) in &wanted {
                 let (lo, hi) = (range.start.max(first), range.end.min(first + rows));
                 if lo < hi {
                     reads.push(Read {
@@ -596,6 +597,7 @@ impl EpochPlan {
                         rows: hi - lo,
                         pos: lo,
                         time: p.time_of(lo, self.rows),
+                        rank: *rank,
                     });
                 }
             }
@@ -619,6 +621,8 @@ pub struct Read {
     pub pos: u64,
     /// Time of the first.
     pub time: u64,
+    /// The rank whose share it is (`None`: the tail).
+    pub rank: Option<usize>,
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
@@ -532,7 +533,9 @@ fn read_epochs(
         let reads = d
             .plan
             .reads(epoch, ranks.clone(), tail, d.first_step(epoch));
-        let mut mine = reads.into_iter().skip(local).step_by(workers).peekable();
+        let mut mine = deal(reads, ranks.clone(), local, workers)
+            .into_iter()
+            .peekable();
         let mut open: Vec<Reading> = Vec::new();
         loop {
             // The read whose next row is earliest: one not opened yet if it starts first.
@@ -577,8 +580,11 @@ fn read_epochs(
             b.seq = epoch.saturating_mul(d.plan.rows()).saturating_add(first);
             job.featurized
                 .fetch_add(b.data.num_rows() as u64, Ordering::Relaxed);
+            // The worker moves on to the batch's time before it waits to send it: owners
+            // see every row before that time read, and let their steps out, without the
+            // batch (a shuffled window's rows all carry its first step, so a reader that
+            // waited at the old time would hold the owners, and them it, a window back).
             input.advance_to(time);
-            input.send(b);
             // Step at least once per batch: this worker may own ranks, and assembling
             // them must not wait for the slack to fill.
             worker.step();
@@ -588,8 +594,37 @@ fn read_epochs(
             if errors.get().is_some() {
                 return;
             }
+            input.send(b);
         }
     }
+}
+
+/// The reads (in time order) that worker `local` of `workers` takes: each share is read
+/// by as few workers as can share the work — share `j` of the `L` by workers `j`, `j + L`,
+/// … taking its reads in turn when there are more workers than shares, by worker
+/// `j mod T` alone when there are fewer — so that a worker has as few units open at once
+/// as it can (each holds its row group's pages, and a reader alternating between units
+/// keeps more of them). The tail goes to worker 0.
+fn deal(reads: Vec<Read>, ranks: Range<usize>, local: usize, workers: usize) -> Vec<Read> {
+    let shares = ranks.len().max(1);
+    let mut taken = vec![0usize; shares];
+    reads
+        .into_iter()
+        .filter(|read| {
+            let Some(rank) = read.rank else {
+                return local == 0;
+            };
+            let j = rank - ranks.start;
+            if workers <= shares {
+                return j % workers == local;
+            }
+            // Workers j, j + L, ... (at least one: j < L < T).
+            let readers = (workers - j).div_ceil(shares);
+            let k = taken[j];
+            taken[j] += 1;
+            j + shares * (k % readers) == local
+        })
+        .collect()
 }
 
 /// One read being read: its unit's batches, cut to the read's rows.
@@ -757,4 +792,62 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
         }
     }
     Ok(FittedState::new(plan.pipeline(), params))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every read goes to exactly one worker, in time order, and a worker reads as few
+    /// shares as the numbers allow.
+    #[test]
+    fn reads_are_dealt_once_by_share() {
+        let read = |k: u64, rank: Option<usize>| Read {
+            unit: k as usize,
+            skip: 0,
+            rows: 10,
+            pos: k * 10,
+            time: k,
+            rank,
+        };
+        for (shares, workers) in [
+            (1, 1),
+            (1, 3),
+            (2, 1),
+            (2, 2),
+            (2, 3),
+            (3, 2),
+            (4, 2),
+            (2, 5),
+        ] {
+            let ranks = 3..3 + shares;
+            let mut reads: Vec<Read> = (0..40)
+                .map(|k| read(k, Some(3 + (k as usize * 7 / 3) % shares)))
+                .collect();
+            reads.push(read(40, None));
+            let dealt: Vec<Vec<Read>> = (0..workers)
+                .map(|w| deal(reads.clone(), ranks.clone(), w, workers))
+                .collect();
+            let mut all: Vec<u64> = dealt.iter().flatten().map(|r| r.time).collect();
+            all.sort_unstable();
+            assert_eq!(
+                all,
+                (0..41).collect::<Vec<_>>(),
+                "{shares} shares, {workers} workers"
+            );
+            for (w, mine) in dealt.iter().enumerate() {
+                assert!(mine.windows(2).all(|x| x[0].time < x[1].time));
+                let mut read_shares: Vec<usize> = mine.iter().filter_map(|r| r.rank).collect();
+                read_shares.sort_unstable();
+                read_shares.dedup();
+                assert!(
+                    read_shares.len() <= shares.div_ceil(workers),
+                    "worker {w} of {workers} reads shares {read_shares:?} of {shares}"
+                );
+                if workers <= shares || w < shares {
+                    assert!(!mine.is_empty(), "worker {w} of {workers} reads nothing");
+                }
+            }
+        }
+    }
 }
