@@ -140,9 +140,10 @@ def section(cluster, charts, targets, med):
         f"{cluster['rows']:,} rows, `examples/criteo_hash.toml` with a fitted state, 2 ranks "
         "of 4,096, the loaders' null sink, `--workers 1`. One process pinned to one core "
         "(`taskset`) against a two-process timely cluster: each process in its own network "
-        "namespace, joined by a veth pair, pinned to its own core, featurizing half the "
-        "input and delivering its own rank (rows of the other rank cross the veth). Rows "
-        "per second of the whole job, median over runs (`bench/cluster.py`).",
+        "namespace, joined by a veth pair, pinned to its own core, reading and featurizing "
+        "only its own rank's share of the input and delivering that rank (only the last, "
+        "short step's rows cross the veth). Rows per second of the whole job, median over "
+        "runs (`bench/cluster.py`).",
         "",
         "| layout | M rows/s (median) | runs |",
         "| --- | --- | --- |",

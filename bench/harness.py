@@ -210,7 +210,7 @@ def main():
     ap.add_argument("--ray-max-rows", type=int, default=1_000_000,
                     help="largest input the Ray Data peer runs on")
     ap.add_argument("--flight-rows", type=int, default=31 * 65536)
-    ap.add_argument("--cluster-rows", type=int, default=1_000_000,
+    ap.add_argument("--cluster-rows", type=int, default=10_000_000,
                     help="input rows of the scale-out runs")
     ap.add_argument("--only", nargs="*", default=["e2e", "flight", "kernels", "cluster"],
                     help="sections to run (none: rewrite BENCHMARKS.md from the last figures)")
