@@ -109,7 +109,9 @@ impl Delivery {
     /// waits, so every row before that time is read, and owners let out every step before
     /// it. The first they still hold starts no earlier than that time when rows carry
     /// their window's first step and windows start on steps (in order, or a window that
-    /// is a multiple of `B`); otherwise up to a window and two steps earlier. The other
+    /// is a multiple of `B`); otherwise up to a window and two steps earlier. Shuffled,
+    /// readers may also fill the next window while the last one goes out (10M rows, 2
+    /// ranks: 1.55 s against 1.77 s, for ~15 MB more at the peak). The other
     /// `readers - 1` of a process may each be a unit further on so that all of them read
     /// at once, and a few batches more are in flight. Readers take turns over the
     /// `shares` they read, in time order, so a unit of `U` rows moves the time on by about
@@ -123,9 +125,10 @@ impl Delivery {
     ) -> u64 {
         let placement = self.plan.placement();
         let (k, b) = (placement.window(), placement.batch_size() as u64);
-        let windows = match placement.shuffled() && k % b != 0 {
-            true => k / b + 2,
-            false => 0,
+        let windows = match (placement.shuffled(), k % b) {
+            (false, _) => 0,
+            (true, 0) => k / b,
+            (true, _) => k / b + 2,
         };
         let steps = |rows: u64| rows.div_ceil(b.saturating_mul(shares.max(1) as u64));
         let others = (readers as u64)
