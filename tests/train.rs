@@ -81,6 +81,42 @@ fn ranks_stop_together_whatever_their_speed() {
     }
 }
 
+/// One worker reading every rank's share (it merges them by step) while trainers wait
+/// for each other at every step: no rank's loader may fill up holding the worker while
+/// another rank still needs rows that worker has not read.
+#[test]
+fn one_worker_feeding_every_rank_never_stalls_the_all_reduce() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d.parquet");
+    // Row groups of 1,500 rows: shares start and end inside them.
+    hydrant::demo::criteo_with_row_groups(20_011, &data, 7, 1_500).unwrap();
+    for ranks in [2, 3, 5] {
+        let config = TrainConfig {
+            step_time: Duration::from_millis(1),
+            id_buckets: 1 << 12,
+            ..TrainConfig::default()
+        };
+        let p = Pipeline::builder("t")
+            .input(&data)
+            .label("label")
+            .dense("dense", &["i0", "i1"], &["fill_null(0)", "standardize"])
+            .ids("ids", &["c0", "c1"], &["hash_bucket(4096)"])
+            .ranks(ranks)
+            .batch_size(61)
+            .shuffle(2, 61 * 4)
+            .cluster(hydrant::Cluster::local(1))
+            .build()
+            .unwrap();
+        let report = train_within_a_minute(p, config);
+        assert_eq!(
+            report.steps,
+            20_011u64.div_ceil(61 * ranks as u64),
+            "{ranks} ranks"
+        );
+        assert_eq!(report.rows, 20_011, "{ranks} ranks");
+    }
+}
+
 /// `hydrant demo` (the README's main command) on a small input: both timings, the share
 /// of time waited and the falling loss are on screen, and the hand-off's files are gone.
 #[test]

@@ -850,4 +850,42 @@ mod tests {
             }
         }
     }
+
+    /// A worker reads only the shares of ranks it owns, or owns none: blocked on one of
+    /// its ranks' full loaders, it holds back no rows another worker's rank needs.
+    #[test]
+    fn a_worker_reads_only_its_own_ranks_shares() {
+        for (processes, ranks, workers) in [(1, 2, 1), (1, 2, 2), (1, 3, 2), (2, 4, 3), (2, 5, 2)] {
+            let o = Ownership {
+                world_size: ranks,
+                processes,
+                workers,
+            };
+            for process in 0..processes {
+                let mine = o.ranks(process);
+                let reads: Vec<Read> = (0..60)
+                    .map(|k| Read {
+                        unit: k,
+                        skip: 0,
+                        rows: 1,
+                        pos: k as u64,
+                        time: k as u64,
+                        rank: Some(mine.start + k % mine.len()),
+                    })
+                    .collect();
+                for local in 0..workers {
+                    let index = process * workers + local;
+                    let owned: Vec<usize> =
+                        mine.clone().filter(|&r| o.worker(r) == index).collect();
+                    for read in deal(reads.clone(), mine.clone(), local, workers) {
+                        let rank = read.rank.unwrap();
+                        assert!(
+                            owned.is_empty() || owned.contains(&rank),
+                            "worker {index} owns {owned:?} and reads rank {rank}'s share"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
