@@ -85,6 +85,11 @@ async fn status(uri: &str) -> serde_json::Value {
 }
 
 async fn end(uri: &str) {
+    end_ingest(uri).await.unwrap();
+}
+
+/// The `end_ingest` action on pipeline `criteo`, as a raw Flight call.
+async fn end_ingest(uri: &str) -> Result<(), tonic::Status> {
     let channel = tonic::transport::Channel::from_shared(uri.to_string())
         .unwrap()
         .connect()
@@ -94,7 +99,7 @@ async fn end(uri: &str) {
     client
         .do_action(arrow_flight::Action::new("end_ingest", "criteo"))
         .await
-        .unwrap();
+        .map(drop)
 }
 
 /// Every real row id the ranks' steps hold, sorted.
@@ -414,14 +419,7 @@ fn a_stream_that_cannot_be_replayed_ends_its_trainers_with_the_reason() {
                     "rank {rank}: {ended}"
                 );
             }
-            let channel = tonic::transport::Channel::from_shared(uri.clone())
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-            let mut raw = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
-            let refused = raw
-                .do_action(arrow_flight::Action::new("end_ingest", "criteo"))
+            let refused = end_ingest(&uri)
                 .await
                 .expect_err("an input that failed is not ended");
             assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");

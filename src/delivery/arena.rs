@@ -16,7 +16,7 @@ use arrow::datatypes::{Schema, SchemaRef};
 
 use super::assemble::StepRun;
 use super::fill::{Fill, Sources};
-use super::plan::Placement;
+use super::placement::Placement;
 use crate::error::{Error, Result};
 
 /// A step's key: epoch, step, rank.
@@ -104,7 +104,7 @@ mod tests {
 
     use super::*;
     use crate::delivery::gather::tests::batch;
-    use crate::delivery::plan::LastBatch;
+    use crate::delivery::placement::LastBatch;
 
     /// Two threads put disjoint rows of one step; the owner takes it whole. A slot put
     /// twice, a step never put and a forgotten step are errors, not panics.

@@ -12,7 +12,7 @@ use super::arena::Arena;
 use super::batch::{RankBatch, StepMeta, delivery_schema, padding_batch, with_padding};
 use super::gather::gather;
 use super::piece::Piece;
-use super::plan::Placement;
+use super::placement::Placement;
 use crate::error::{Error, Result};
 
 /// The rows of one step that have arrived: how many, and `(batch, [(slot, row)])` per
@@ -284,7 +284,8 @@ mod tests {
 
     use super::*;
     use crate::delivery::piece::split;
-    use crate::delivery::plan::{EpochPlan, LastBatch};
+    use crate::delivery::placement::LastBatch;
+    use crate::delivery::plan::EpochPlan;
 
     fn schema() -> Schema {
         let item = Arc::new(Field::new("item", DataType::Float32, false));

@@ -7,7 +7,7 @@
 //! was read long after it left the cache. Now the reader copies the rows for its own
 //! process's ranks while the batch is in its cache ([`Arena`](super::arena::Arena)), and
 //! an owner copies rows that came from another process when they arrive. With strided
-//! windows (see `plan.rs`) a piece's rows of one step fill consecutive slots, so the
+//! windows (see `placement.rs`) a piece's rows of one step fill consecutive slots, so the
 //! writes run forward too.
 //!
 //! Only columns of fixed width (primitives, and `FixedSizeList`s of primitives without

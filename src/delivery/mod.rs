@@ -4,7 +4,7 @@
 //! featurized batch ─► place (reader, any worker) ─► pieces by rank ─► own (the rank's worker) ─► rank batches in step order
 //! ```
 //!
-//! [`EpochPlan`] places a row from its position alone (`plan.rs`); readers split each
+//! [`Placement`] places a row from its position alone (`placement.rs`); readers split each
 //! featurized batch into [`Piece`]s by destination rank ([`split`], the `place` operator);
 //! the worker that owns a rank ([`Ownership`]) assembles its steps ([`Assembler`], the
 //! `own` operator). Nothing is sequential across ranks and no worker sees every row.
@@ -18,6 +18,7 @@ mod own;
 mod permute;
 mod piece;
 mod place;
+mod placement;
 mod plan;
 mod stream;
 mod window;
@@ -33,7 +34,8 @@ pub use own::own;
 pub use permute::Permutation;
 pub use piece::{Piece, rank_rows, split, split_at};
 pub use place::PlaceRows;
-pub use plan::{EpochPlan, LastBatch, ORDER_VERSION, Ownership, Place, Placement, Read};
+pub use placement::{LastBatch, ORDER_VERSION, Place, Placement};
+pub use plan::{EpochPlan, Ownership, Read};
 pub use stream::StreamCutter;
 pub use wire::Pieces;
 
@@ -54,16 +56,10 @@ pub struct Delivery {
 }
 
 impl Delivery {
-    /// The timestamp of position `pos` of epoch `epoch`: the epoch's steps on one clock,
-    /// a row at the step its window starts in ([`Placement::time_of`]), so that readers
-    /// of every rank's share, on any worker, advance together.
-    pub fn time(&self, epoch: u64, pos: u64) -> u64 {
-        let t = self.plan.placement().time_of(pos, self.plan.rows());
-        self.epoch_time(epoch).saturating_add(t)
-    }
-
-    /// The timestamp of step 0 of `epoch`.
-    fn epoch_time(&self, epoch: u64) -> u64 {
+    /// The timestamp of step 0 of `epoch`: the epoch's steps on one clock, a row at the
+    /// step its window starts in ([`Placement::time_of`]), so that readers of every
+    /// rank's share, on any worker, advance together.
+    pub fn epoch_time(&self, epoch: u64) -> u64 {
         epoch.saturating_mul(self.plan.steps())
     }
 

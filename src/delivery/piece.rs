@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
 
-use super::plan::{Placement, Window};
+use super::placement::{Placement, Window};
 use super::window::WindowOrder;
 use super::wire::Wire;
 use crate::error::Result;
@@ -294,7 +294,7 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
-    use crate::delivery::plan::{LastBatch, Placement};
+    use crate::delivery::placement::{LastBatch, Placement};
 
     /// A piece whose rows are in its process's arena cannot be sent to another process.
     #[test]

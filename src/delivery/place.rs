@@ -15,7 +15,8 @@ use super::Delivery;
 use super::arena::Arena;
 use super::assemble::step_runs;
 use super::piece::{Piece, split, split_at};
-use super::plan::{Ownership, Placement};
+use super::placement::Placement;
+use super::plan::Ownership;
 use super::wire::Pieces;
 
 /// Places the rows of a stream of featurized batches, each stamped (`seq`) with where its

@@ -8,7 +8,7 @@ use arrow::datatypes::Schema;
 use super::assemble::Assembler;
 use super::batch::RankBatch;
 use super::piece::{Piece, split};
-use super::plan::Placement;
+use super::placement::Placement;
 use crate::error::Result;
 
 /// Places and assembles one endless epoch (epoch 0) of pushed rows.

@@ -1,11 +1,11 @@
-//! How one shuffle window's positions become its output indices: strided (see `plan.rs`)
+//! How one shuffle window's positions become its output indices: strided (see `placement.rs`)
 //! when the window is a whole number of batches starting on a batch boundary, permuted
 //! whole by a Feistel network otherwise.
 
 use super::permute::{Permutation, mix, shuffle};
 
 /// A window's bijection, from offsets in the window to offsets in its output indices
-/// (see `plan.rs`).
+/// (see `placement.rs`).
 #[derive(Debug, Clone)]
 pub(crate) enum WindowOrder {
     /// A window of `m·B` rows whose strata each give one row to each of its batches.

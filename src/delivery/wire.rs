@@ -276,7 +276,7 @@ mod tests {
 
     use super::*;
     use crate::delivery::piece::split;
-    use crate::delivery::plan::{LastBatch, Placement};
+    use crate::delivery::placement::{LastBatch, Placement};
 
     /// Writes `pieces` as timely does (sized first, then written into that many bytes)
     /// and reads them back.

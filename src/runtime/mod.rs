@@ -6,6 +6,7 @@ mod cluster;
 mod dataflow;
 mod fate;
 mod gather;
+mod read;
 
 pub use cluster::{Cluster, JOIN_TIMEOUT};
 pub use dataflow::{Channels, Job, OpenQueue, Output, RankQueue, Report, execute};
