@@ -33,11 +33,15 @@ class CudaStaging:
     step, so nothing blocks the host and the copy overlaps the previous step's work.
 
     A step's arrays are packed into one pinned block (torch's ``copy_``, which uses
-    torch's CPU threads) and cross in one copy; the device tensors are views of it. On an
-    H100 this staged 6.5–21 GB/s (pack and copy, 4.5–18 MB steps; the pack and the copy
-    share host memory bandwidth) where filling a pinned array per tensor through NumPy
-    (one thread) gave 6.5 GB/s on 16 MB steps, and copies straight from pageable memory
-    4–7 GB/s.
+    torch's CPU threads) and cross in one copy; the device tensors are views of it. The
+    pack is the one host copy a Python client cannot avoid (pyarrow decodes into its own
+    memory). On an H200 (`scripts/gpu-check`) the whole path staged 20.7 GB/s on 4.5 MB
+    steps and 36.2 GB/s on 18 MB steps, 0.40× and 0.68× of torch's bare pinned copies:
+    what is left is each step's fixed cost in Python, which weighs on small steps.
+    Packing with padding, a device view per array recorded on the stream one by one and
+    per-array copies cost 2× on 4.5 MB steps; copying in chunks to overlap the pack was
+    slower (launch costs); filling through NumPy (one thread) gave 6.5 GB/s and copies
+    straight from pageable memory 4–7 GB/s.
 
     Pinned blocks come from torch's caching host allocator, which keeps a block until the
     copy that reads it has finished; device tensors are recorded on the consumer's stream
@@ -54,12 +58,13 @@ class CudaStaging:
 
     def pack(self, arrays: dict):
         """The host half of ``prepare``: a step's arrays (``Batch.arrays()``) packed into
-        one pinned block, and where each lies in it (``(key, array, offset)``)."""
+        one pinned block, and where each lies in it (``(key, array, offset)``). Wider
+        items go first, so every array starts aligned for its dtype with no padding."""
         layout, size = [], 0
-        for key, array in arrays.items():
-            if array is not None:
-                layout.append((key, array, size))
-                size += -(-array.nbytes // _ALIGN) * _ALIGN
+        present = [(k, a) for k, a in arrays.items() if a is not None]
+        for key, array in sorted(present, key=lambda ka: -ka[1].itemsize):
+            layout.append((key, array, size))
+            size += array.nbytes
         pinned = self.torch.empty(size, dtype=self.torch.uint8, pin_memory=True)
         for _, array, at in layout:
             pinned[at : at + array.nbytes].copy_(self.torch.from_numpy(_bytes(array)))
@@ -80,22 +85,17 @@ class CudaStaging:
         for key, array, at in layout:
             typed = device[at : at + array.nbytes].view(_dtype(torch, array.dtype))
             out[key] = typed.view(array.shape)
-        return out, done
+        return out, device, done
 
     def receive(self, item) -> dict:
-        """On the consumer's thread: its current stream waits for the copy."""
-        out, done = item
+        """On the consumer's thread: its current stream waits for the copy, and the
+        block's memory is kept until that stream's work on it is done (the tensors are
+        views of one block, so one ``record_stream`` covers them all)."""
+        out, device, done = item
         current = self.torch.cuda.current_stream(self.device)
         current.wait_event(done)
-        for value in out.values():
-            if isinstance(value, self.torch.Tensor):
-                value.record_stream(current)
+        device.record_stream(current)
         return out
-
-
-# Each array's place in a step's pinned block starts on a multiple of this (a cache line,
-# and more than any dtype's alignment).
-_ALIGN = 64
 
 
 def _bytes(array):

@@ -83,17 +83,29 @@ def test_staging_throughput_against_torchs_pinned_copies(serve):
     """Figures, not assertions (timings are not tests here): the whole staging path (the
     host pack into pinned memory, the one copy a Python client cannot avoid since pyarrow
     decodes into its own memory, then the copy) and the pack alone, against torch's own
-    pinned copies of the same step sizes. The issue's target is 0.8×. What the test
-    asserts is that the timed steps arrived intact."""
+    pinned copies of the same step sizes, for small and large steps (a step's fixed cost
+    in Python weighs on small ones). The issue's target is 0.8×. What the test asserts is
+    that the timed steps arrived intact."""
     torch = cuda()
-    s = serve("--ranks", "1", "--batch-size", "16384", "--epochs", "6")
-    batches = [b for e in range(6) for b in Client(s.uri).batches("criteo", 0, 1, epoch=e)]
+    for rows in (16384, 65536):
+        s = serve("--ranks", "1", "--batch-size", str(rows), "--epochs", "6")
+        batches = [b for e in range(6) for b in Client(s.uri).batches("criteo", 0, 1, epoch=e)]
+        staged = _staging_figures(torch, batches)
+        for b, d in zip(batches, staged):
+            assert np.array_equal(d["ids"].cpu().numpy(), b.ids)
+            assert np.array_equal(d["dense"].cpu().numpy(), b.dense)
+            assert np.array_equal(d["mask"].cpu().numpy(), b.mask)
+
+
+def _staging_figures(torch, batches):
+    """Prints the staging, pack and bare pinned-copy rates over `batches` (best of 5);
+    returns the staged steps."""
     sizes = [sum(a.nbytes for a in b.arrays().values() if a is not None) for b in batches]
     nbytes = sum(sizes)
 
-    def best_of_3(run):
+    def best_of_5(run):
         best, out = float("inf"), None
-        for _ in range(3):
+        for _ in range(5):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             out = run()
@@ -103,8 +115,8 @@ def test_staging_throughput_against_torchs_pinned_copies(serve):
 
     staging = CudaStaging("cuda")
     staging.receive(staging.prepare(batches[0]))  # the caching allocators
-    whole, staged = best_of_3(lambda: [staging.receive(staging.prepare(b)) for b in batches])
-    packing, _ = best_of_3(lambda: [staging.pack(b.arrays())[0] for b in batches])
+    whole, staged = best_of_5(lambda: [staging.receive(staging.prepare(b)) for b in batches])
+    packing, _ = best_of_5(lambda: [staging.pack(b.arrays())[0] for b in batches])
     pinned = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
     side = torch.cuda.Stream()
 
@@ -112,15 +124,14 @@ def test_staging_throughput_against_torchs_pinned_copies(serve):
         with torch.cuda.stream(side):
             return [p.to("cuda", non_blocking=True) for p in pinned]
 
-    theirs, _ = best_of_3(torch_copies)
+    theirs, _ = best_of_5(torch_copies)
     print(
-        f"\n{nbytes / 1e6:.0f} MB in {len(batches)} steps: staging {whole / 1e9:.2f} GB/s "
-        f"({whole / theirs:.2f}x; target 0.8x), its host pack alone {packing / 1e9:.2f} GB/s "
-        f"({packing / theirs:.2f}x), torch pinned copies {theirs / 1e9:.2f} GB/s"
+        f"\n{nbytes / 1e6:.0f} MB in {len(batches)} steps of {len(batches[0].mask)} rows: "
+        f"staging {whole / 1e9:.2f} GB/s ({whole / theirs:.2f}x; target 0.8x), "
+        f"its host pack alone {packing / 1e9:.2f} GB/s ({packing / theirs:.2f}x), "
+        f"torch pinned copies {theirs / 1e9:.2f} GB/s"
     )
-    for b, d in zip(batches, staged):
-        assert np.array_equal(d["ids"].cpu().numpy(), b.ids)
-        assert np.array_equal(d["mask"].cpu().numpy(), b.mask)
+    return staged
 
 
 def test_device_and_pinned_memory_are_released(serve):
