@@ -38,8 +38,8 @@ class CudaStaging:
     memory). On an H200 (`scripts/gpu-check`) the whole path staged 20.7 GB/s on 4.5 MB
     steps and 36.2 GB/s on 18 MB steps, 0.40× and 0.68× of torch's bare pinned copies:
     what is left is each step's fixed cost in Python, which weighs on small steps.
-    Packing with padding, a device view per array recorded on the stream one by one and
-    per-array copies cost 2× on 4.5 MB steps; copying in chunks to overlap the pack was
+    Packing with padding and recording each device view on the stream one by one was
+    slower (17.1 against 22.3 GB/s on 4.5 MB steps, one sitting); copying in chunks to overlap the pack was
     slower (launch costs); filling through NumPy (one thread) gave 6.5 GB/s and copies
     straight from pageable memory 4–7 GB/s.
 
