@@ -40,8 +40,8 @@ class CudaStaging:
     what is left is each step's fixed cost in Python, which weighs on small steps.
     Packing with padding and recording each device view on the stream one by one was
     slower (17.1 against 22.3 GB/s on 4.5 MB steps, one sitting); copying in chunks to
-    overlap the pack was slower (launch costs); filling through NumPy (one thread) gave 6.5 GB/s and copies
-    straight from pageable memory 4–7 GB/s.
+    overlap the pack was slower (launch costs); filling through NumPy (one thread) gave
+    6.5 GB/s and copies straight from pageable memory 4–7 GB/s.
 
     Pinned blocks come from torch's caching host allocator, which keeps a block until the
     copy that reads it has finished; device tensors are recorded on the consumer's stream
