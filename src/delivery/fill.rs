@@ -232,6 +232,12 @@ impl Column {
 /// The caller makes sure every slot lies inside `dst`'s allocation.
 fn copy_fixed<const N: usize>(src: &[u8], dst: *mut u8, picks: &[(u32, u32)]) {
     let rows = src.as_chunks::<N>().0;
+    #[cfg(target_arch = "x86_64")]
+    if N % 16 == 0 && dst.align_offset(16) == 0 {
+        // SAFETY: as below; every slot's address is 16-byte aligned (`dst` is, and `N` is
+        // a multiple of 16).
+        return unsafe { stream_rows::<N>(rows, dst, picks) };
+    }
     for &(slot, row) in picks {
         let from: &[u8; N] = &rows[row as usize];
         let to = slot as usize * N;
@@ -252,6 +258,35 @@ fn copy_fixed<const N: usize>(src: &[u8], dst: *mut u8, picks: &[(u32, u32)]) {
             unsafe { dst.add(to + 16 * chunks.len() + t).write(byte) };
         }
     }
+}
+
+/// [`copy_fixed`] with non-temporal (streaming) stores, for rows of a multiple of 16
+/// bytes: a step's buffers are written once and read only when the step goes out, after
+/// its whole window (tens of MB later), so the cache lines a plain store would first read
+/// in are traffic for nothing, and the rows would evict the featurized batch being read.
+///
+/// # Safety
+/// Every slot of `picks` is inside `dst`'s allocation, which nothing else reads or writes
+/// while this runs, and `dst` is 16-byte aligned.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dst: *mut u8, picks: &[(u32, u32)]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    for &(slot, row) in picks {
+        let from = rows[row as usize].as_ptr();
+        let to = slot as usize * N;
+        for c in 0..N / 16 {
+            // SAFETY: the caller's contract: `to + 16·c` lies in the slot, 16-byte aligned;
+            // the load reads 16 of the row's `N` bytes. SSE2 is part of x86_64.
+            unsafe {
+                let v = _mm_loadu_si128(from.add(16 * c).cast::<__m128i>());
+                _mm_stream_si128(dst.add(to + 16 * c).cast::<__m128i>(), v);
+            }
+        }
+    }
+    // Streamed stores are weakly ordered: they must be visible before the step is handed
+    // to another thread.
+    // SAFETY: SSE2 is part of x86_64.
+    unsafe { _mm_sfence() };
 }
 
 /// [`copy_fixed`] for any row size.
@@ -333,6 +368,34 @@ mod tests {
                 let want = src.slice(row, 1);
                 assert_eq!(got.slice(slot, 1), want, "slot {slot}, nulls {nulls}");
             }
+        }
+    }
+
+    /// Rows of a multiple of 16 bytes (streamed stores) land as `take` gives them, in any
+    /// slot order.
+    #[test]
+    fn streams_wide_rows_where_take_puts_them() {
+        use std::sync::Arc;
+
+        use arrow::array::{FixedSizeListArray, Int64Array};
+        let item = Arc::new(Field::new("item", DataType::Int64, false));
+        let column = |width: i32, n: i64| {
+            let values = Int64Array::from_iter_values(0..n * width as i64);
+            let list = FixedSizeListArray::try_new(item.clone(), width, Arc::new(values), None);
+            Arc::new(list.unwrap()) as ArrayRef
+        };
+        let source = RecordBatch::try_from_iter([("two", column(2, 50)), ("wide", column(26, 50))])
+            .unwrap()
+            .slice(3, 40);
+        let schema = source.schema();
+        let mut fill = Fill::new(&schema, 40);
+        // Slot k takes row (17·k mod 40): every slot once, rows out of order.
+        let picks: Vec<(u32, u32)> = (0..40).map(|k| (k, (17 * k) % 40)).collect();
+        fill.put(&source, &picks).unwrap();
+        let got = fill.finish(&schema, 40).unwrap();
+        for &(slot, row) in &picks {
+            let want = source.slice(row as usize, 1);
+            assert_eq!(got.slice(slot as usize, 1), want, "slot {slot}");
         }
     }
 
