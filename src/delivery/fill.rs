@@ -233,7 +233,7 @@ impl Column {
 fn copy_fixed<const N: usize>(src: &[u8], dst: *mut u8, picks: &[(u32, u32)]) {
     let rows = src.as_chunks::<N>().0;
     #[cfg(target_arch = "x86_64")]
-    if N % 16 == 0 && dst.align_offset(16) == 0 {
+    if N.is_multiple_of(16) && dst.align_offset(16) == 0 {
         // SAFETY: as below; every slot's address is 16-byte aligned (`dst` is, and `N` is
         // a multiple of 16).
         return unsafe { stream_rows::<N>(rows, dst, picks) };
