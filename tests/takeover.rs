@@ -386,7 +386,9 @@ async fn stale_readers_are_aborted_and_live_trainers_finish_exactly_once() {
 
 /// An epoch's runs are freed once every rank has read it: RSS after 100 epochs is within
 /// 10% of RSS after epoch 2, give or take 4 MiB. (The server holds ~20 MiB between epochs
-/// here, and its settled RSS moves by ±3 MiB from epoch to epoch with no trend; a run kept
+/// here; its settled RSS moves by up to ±8 MiB from epoch to epoch with no trend, with
+/// where the next epoch's run, made ahead, has got to, so each end is the median of 20
+/// epochs: with 10, 1 run of 7 beside the other tests failed on noise alone. A run kept
 /// per epoch, as before, held a whole epoch of ~6 MiB each, +600 MiB over 100.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_stays_flat_over_100_epochs() {
@@ -430,9 +432,9 @@ async fn memory_stays_flat_over_100_epochs() {
             records.insert(r as u32, t.await.unwrap());
         }
         assert_exactly_once(&records, ROWS);
-        if (1..=10).contains(&epoch) {
+        if (1..=20).contains(&epoch) {
             early.push(settled_rss_kib(pid).await);
-        } else if epoch >= EPOCHS - 10 {
+        } else if epoch >= EPOCHS - 20 {
             late.push(settled_rss_kib(pid).await);
         }
     }
@@ -442,9 +444,9 @@ async fn memory_stays_flat_over_100_epochs() {
     };
     let (after_two, after_all) = (median(&mut early), median(&mut late));
     eprintln!(
-        "server RSS after epochs 2-11 {after_two} KiB (median), after {}-{EPOCHS}: \
+        "server RSS after epochs 2-21 {after_two} KiB (median), after {}-{EPOCHS}: \
          {after_all} KiB",
-        EPOCHS - 9
+        EPOCHS - 19
     );
     assert!(
         after_all * 10 <= after_two * 11 + 4096 * 10,
