@@ -150,17 +150,9 @@ impl Assembler {
 
     /// Emits every step that is complete and next in order.
     pub fn ready(&mut self, out: &mut Vec<RankBatch>) -> Result<()> {
-        self.ready_before((u64::MAX, u64::MAX), out)
-    }
-
-    /// Emits every step before `(epoch, step)` `end` that is complete and next in order.
-    pub fn ready_before(&mut self, end: (u64, u64), out: &mut Vec<RankBatch>) -> Result<()> {
         let b = self.placement.batch_size();
         while !self.epoch_done() {
             let key = (self.epoch, self.next_step);
-            if key >= end {
-                return Ok(());
-            }
             let real = match self.rows {
                 Some(rows) => self.placement.real_rows(rows, self.next_step, self.rank),
                 None => b,

@@ -78,17 +78,6 @@ impl Delivery {
         first.min(self.plan.delivered_rows())..self.plan.delivered_rows()
     }
 
-    /// The first `(epoch, step)` whose rows may still come while the frontier is at
-    /// `time` (`None`: the input ended, everything came).
-    pub fn passed(&self, time: Option<u64>) -> (u64, u64) {
-        let steps = self.plan.steps();
-        match time {
-            Some(t) if steps > 0 => (t / steps, t % steps),
-            // No steps: every time is 0, and nothing waits for rows.
-            _ => (u64::MAX, u64::MAX),
-        }
-    }
-
     /// The earliest time a row of step `step` of `epoch` can carry (the step its first
     /// row's window starts in). An owner waiting for that step holds it.
     pub fn step_time(&self, epoch: u64, step: u64) -> u64 {
