@@ -1,8 +1,8 @@
 //! `Placement`: where every row of an epoch goes — (step, rank, slot) — as a pure function
 //! of its position, computed wherever the row is read.
 //!
-//! An epoch's *positions* are its rows in the order it reads them: the input's units (row
-//! groups, files) in input order, or permuted per epoch with `--shuffle`, their rows in
+//! An epoch's *positions* are its rows in the order it reads them: the input's units (Parquet
+//! row groups, record batches of Arrow IPC files, whole Arrow IPC streams) in input order, or permuted per epoch with `--shuffle`, their rows in
 //! turn. Output index `i` is global step `i / (W·B)`, rank `(i mod W·B) / B`, slot
 //! `i mod B`, so every rank takes the same number of steps and every batch has exactly `B`
 //! rows: the last, short global step is filled with padding rows (`pad`) or left out
@@ -43,12 +43,14 @@ use super::permute::{Permutation, mix, shuffle};
 use super::window::WindowOrder;
 use crate::error::{Error, Result};
 
-/// The version of the order this plan produces: 5 gives each rank a contiguous share of an
-/// epoch's positions (see the module; pushed input is laid out as in 4); 4 laid positions
+/// The version of the order this plan produces: 6 makes each record batch of an Arrow IPC
+/// file a unit of its own (in 5 a file was one unit, so a shuffled epoch of one file never
+/// moved its batches); 5 gives each rank a contiguous share of an epoch's positions (see
+/// the module; pushed input is laid out as in 4); 4 laid positions
 /// out step-major with strided windows; 3 permuted every window whole with a
 /// multiply-shift Feistel network (2 had a splitmix round function, 1 was a sequential
 /// shuffle buffer).
-pub const ORDER_VERSION: u32 = 5;
+pub const ORDER_VERSION: u32 = 6;
 
 /// What happens to the rows of a last global step that is not full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

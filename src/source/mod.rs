@@ -28,9 +28,12 @@ pub use crate::recycle::release_idle as release_idle_read_buffers;
 enum Format {
     /// Footer metadata, read once; `reader` is rebuilt by `prepare` with type hints.
     Parquet { reader: ArrowReaderMetadata },
-    /// An Arrow IPC file, or a stream (no footer): the row counts of its record batches,
-    /// counted when it was opened.
-    Ipc { batch_rows: Vec<u64>, stream: bool },
+    /// An Arrow IPC file, or a stream (no footer): its record batches that hold rows, as
+    /// (index among the file's record batches, rows), counted when it was opened.
+    Ipc {
+        batches: Vec<(usize, u64)>,
+        stream: bool,
+    },
 }
 
 struct InputFile {
@@ -41,10 +44,13 @@ struct InputFile {
     schema: SchemaRef,
 }
 
-/// A piece of input one worker reads: a Parquet row group or a whole IPC file.
+/// A piece of input one worker reads: a Parquet row group, a record batch of an Arrow IPC
+/// file (its footer says where each lies, so one is read without the others), or a whole
+/// Arrow IPC stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unit {
     file: usize,
+    /// Its row group (Parquet) or record batch (IPC file); `None` for a stream.
     row_group: Option<usize>,
     /// `row_id` of its first row.
     pub first_row: u64,
@@ -96,8 +102,27 @@ impl Inputs {
                         seq += rows.div_ceil(batch_rows as u64);
                     }
                 }
-                Format::Ipc { batch_rows, .. } => {
-                    let rows = batch_rows.iter().sum();
+                Format::Ipc {
+                    batches,
+                    stream: false,
+                } => {
+                    for &(b, rows) in batches {
+                        units.push(Unit {
+                            file: i,
+                            row_group: Some(b),
+                            first_row: row,
+                            rows,
+                            first_seq: seq,
+                        });
+                        row += rows;
+                        seq += 1;
+                    }
+                }
+                Format::Ipc {
+                    batches,
+                    stream: true,
+                } => {
+                    let rows = batches.iter().map(|&(_, rows)| rows).sum();
                     units.push(Unit {
                         file: i,
                         row_group: None,
@@ -106,7 +131,7 @@ impl Inputs {
                         first_seq: seq,
                     });
                     row += rows;
-                    seq += batch_rows.len() as u64;
+                    seq += batches.len() as u64;
                 }
             }
         }
@@ -271,9 +296,9 @@ impl Inputs {
                 }
                 Box::new(b.build().map_err(|e| input_err(&e))?)
             }
-            Format::Ipc { stream: false, .. } => {
-                Box::new(read_ipc_file(file, projection).map_err(|e| input_err(&e))?)
-            }
+            Format::Ipc { stream: false, .. } => Box::new(
+                read_ipc_file(file, projection, unit.row_group).map_err(|e| input_err(&e))?,
+            ),
             Format::Ipc { stream: true, .. } => Box::new(
                 StreamReader::try_new(std::io::BufReader::new(file), projection)
                     .map_err(|e| input_err(&e))?,
@@ -371,13 +396,15 @@ pub(crate) fn with_row_id(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
-/// The record batches of an Arrow IPC file, each block read into one 64-byte aligned
-/// buffer that the arrays point into (arrow's `FileReader` reads each message into fresh
-/// buffers and copies again). The file is read, not mapped: a file truncated while it is
-/// read gives an error here, where a map would kill the process with SIGBUS.
+/// The record batches of an Arrow IPC file (only the `only`-th, where given), each block
+/// read into one 64-byte aligned buffer that the arrays point into (arrow's `FileReader`
+/// reads each message into fresh buffers and copies again). The file is read, not mapped:
+/// a file truncated while it is read gives an error here, where a map would kill the
+/// process with SIGBUS.
 fn read_ipc_file(
     file: File,
     projection: Option<Vec<usize>>,
+    only: Option<usize>,
 ) -> std::result::Result<
     impl Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send + use<>,
     arrow::error::ArrowError,
@@ -424,10 +451,16 @@ fn read_ipc_file(
     for block in footer.dictionaries().iter().flatten() {
         decoder.read_dictionary(block, &block_data(&file, block)?)?;
     }
-    let blocks: Vec<arrow::ipc::Block> = footer
+    let mut blocks: Vec<arrow::ipc::Block> = footer
         .recordBatches()
         .map(|b| b.iter().copied().collect())
         .unwrap_or_default();
+    if let Some(b) = only {
+        if b >= blocks.len() {
+            return Err(bad("fewer record batches than when it was opened"));
+        }
+        blocks = vec![blocks[b]];
+    }
     let mut blocks = blocks.into_iter();
     Ok(std::iter::from_fn(move || {
         let block = blocks.next()?;
@@ -605,15 +638,88 @@ fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile> {
     let (schema, _) = open(None)?;
     no_row_id(path, &schema)?;
     let (_, counter) = open((!schema.fields().is_empty()).then(|| vec![0]))?;
-    let batch_rows = counter
-        .map(|b| b.map(|b| b.num_rows() as u64))
-        .filter(|r| r.as_ref().map_or(true, |&r| r > 0))
+    let batches = counter
+        .enumerate()
+        .map(|(i, b)| b.map(|b| (i, b.num_rows() as u64)))
+        .filter(|r| r.as_ref().map_or(true, |&(_, rows)| rows > 0))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| bad(&e))?;
     Ok(InputFile {
         path: path.into(),
         len,
         schema,
-        format: Format::Ipc { batch_rows, stream },
+        format: Format::Ipc { batches, stream },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{AsArray, Int64Array};
+    use arrow::datatypes::{Int64Type, UInt64Type};
+    use arrow::ipc::writer::{FileWriter, StreamWriter};
+
+    use super::*;
+
+    /// Batches of 3, 0, 5 and 2 rows whose values count up from 0.
+    fn batches() -> Vec<RecordBatch> {
+        let mut next = 0;
+        [3, 0, 5, 2]
+            .map(|n| {
+                let values = Int64Array::from_iter_values(next..next + n);
+                next += n;
+                RecordBatch::try_from_iter([("x", Arc::new(values) as _)]).unwrap()
+            })
+            .to_vec()
+    }
+
+    /// Each record batch of an Arrow IPC file that holds rows is a unit, read without the
+    /// others; a stream, which has no footer to find them by, is one unit.
+    #[test]
+    fn an_ipc_file_is_a_unit_per_record_batch_and_a_stream_one_unit() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, stream) = (dir.path().join("f.arrow"), dir.path().join("s.arrows"));
+        let schema = batches()[0].schema();
+        let mut w = FileWriter::try_new(File::create(&file).unwrap(), &schema).unwrap();
+        let mut s = StreamWriter::try_new(File::create(&stream).unwrap(), &schema).unwrap();
+        for b in batches() {
+            w.write(&b).unwrap();
+            s.write(&b).unwrap();
+        }
+        w.finish().unwrap();
+        s.finish().unwrap();
+
+        let inputs = Inputs::open(std::slice::from_ref(&file), 1024).unwrap();
+        let units: Vec<_> = inputs
+            .units()
+            .iter()
+            .map(|u| (u.row_group, u.first_row, u.rows, u.first_seq))
+            .collect();
+        let want = [(Some(0), 0, 3, 0), (Some(2), 3, 5, 1), (Some(3), 8, 2, 2)];
+        assert_eq!(units, want);
+        let read: Vec<Batch> = inputs
+            .read(&inputs.units()[1])
+            .unwrap()
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!(read.len(), 1);
+        let data = &read[0].data;
+        let x = data
+            .column_by_name("x")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        assert_eq!(x.values().to_vec(), vec![3, 4, 5, 6, 7]);
+        let ids = data.column_by_name(ROW_ID).unwrap();
+        assert_eq!(
+            ids.as_primitive::<UInt64Type>().values().to_vec(),
+            vec![3, 4, 5, 6, 7]
+        );
+
+        let inputs = Inputs::open(&[stream], 1024).unwrap();
+        let units: Vec<_> = inputs
+            .units()
+            .iter()
+            .map(|u| (u.row_group, u.rows))
+            .collect();
+        assert_eq!(units, [(None, 10)]);
+    }
 }
