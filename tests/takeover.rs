@@ -388,7 +388,7 @@ async fn stale_readers_are_aborted_and_live_trainers_finish_exactly_once() {
 /// 10% of RSS after epoch 2, give or take 4 MiB. (The server holds ~20 MiB between epochs
 /// here; its settled RSS moves by up to ±8 MiB from epoch to epoch with no trend, with
 /// where the next epoch's run, made ahead, has got to, so each end is the median of 20
-/// epochs: with 10, 1 run of 7 beside the other tests failed on noise alone. A run kept
+/// epochs: with 10, it failed once here beside the other tests, on noise alone. A run kept
 /// per epoch, as before, held a whole epoch of ~6 MiB each, +600 MiB over 100.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_stays_flat_over_100_epochs() {
