@@ -119,7 +119,7 @@ fn device_and_pinned_memory_are_released() {
 /// A figure, not an assertion (timings are not tests here): the target is 0.8×,
 /// which a path that copies into pinned memory at all reaches only where that copy,
 /// running beside the DMA, is nearly as fast as the DMA (an H100 machine: a median of
-/// 0.75× over 11 runs, 0.62–0.85×; an H200 machine: 0.81–0.86× over 11 runs, median
+/// 0.75× over 11 runs, 0.62–0.85×; two H200 machines: 0.75–0.86× over 15 runs, median
 /// 0.83×). The test asserts that what was timed arrived intact.
 #[test]
 fn host_to_device_throughput_against_a_bare_pinned_copy() {

@@ -35,9 +35,10 @@ class CudaStaging:
     A step's arrays are packed into one pinned block (torch's ``copy_``, which uses
     torch's CPU threads) and cross in one copy; the device tensors are views of it. The
     pack is the one host copy a Python client cannot avoid (pyarrow decodes into its own
-    memory). On an H200 (`scripts/gpu-check`) the whole path staged 20.7 GB/s on 4.5 MB
-    steps and 36.2 GB/s on 18 MB steps, 0.40× and 0.68× of torch's bare pinned copies:
-    what is left is each step's fixed cost in Python, which weighs on small steps.
+    memory). On two H200 machines (`scripts/gpu-check`) the whole path staged 11–21 GB/s
+    on 4.5 MB steps and 26–40 GB/s on 18 MB steps, 0.22–0.41× and 0.49–0.74× of torch's
+    bare pinned copies (the machines' host memory differed): what is left is that copy and
+    each step's fixed cost in Python, which weighs on small steps.
     Packing with padding and recording each device view on the stream one by one was
     slower (17.1 against 22.3 GB/s on 4.5 MB steps, one sitting); copying in chunks to
     overlap the pack was slower (launch costs); filling through NumPy (one thread) gave

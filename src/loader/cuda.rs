@@ -15,8 +15,8 @@
 //! - batches are copied into them by a pool of threads ([`CopyPool`]) with streaming
 //!   stores: one thread's memcpy into pinned memory ran at 9.2 GB/s, sixteen at 43 GB/s,
 //!   and the DMA itself at ~47–55 GB/s; the loader's steady rate had a median of 0.75×
-//!   a bare pinned copy's over 11 runs (0.62–0.85×). On an H200 machine it was 0.81–0.86×
-//!   over 11 runs (median 0.83×, 45–48 GB/s against 55 GB/s).
+//!   a bare pinned copy's over 11 runs (0.62–0.85×). On two H200 machines it was
+//!   0.75–0.86× over 15 runs (median 0.83×, 41–48 GB/s against 55 GB/s).
 //!
 //! cudarc panics when libcuda is missing, so [`Uploader::new`] first probes for the library
 //! and falls back to host memory with a log line when it, or the device, is not there.
