@@ -33,6 +33,8 @@ enum Format {
     Ipc {
         batches: Vec<(usize, u64)>,
         stream: bool,
+        /// A file's footer, parsed once (`None` for a stream).
+        footer: Option<Arc<IpcFooter>>,
     },
 }
 
@@ -105,6 +107,7 @@ impl Inputs {
                 Format::Ipc {
                     batches,
                     stream: false,
+                    ..
                 } => {
                     for &(b, rows) in batches {
                         units.push(Unit {
@@ -121,6 +124,7 @@ impl Inputs {
                 Format::Ipc {
                     batches,
                     stream: true,
+                    ..
                 } => {
                     let rows = batches.iter().map(|&(_, rows)| rows).sum();
                     units.push(Unit {
@@ -296,10 +300,14 @@ impl Inputs {
                 }
                 Box::new(b.build().map_err(|e| input_err(&e))?)
             }
-            Format::Ipc { stream: false, .. } => Box::new(
-                read_ipc_file(file, projection, unit.row_group).map_err(|e| input_err(&e))?,
+            Format::Ipc {
+                footer: Some(footer),
+                ..
+            } => Box::new(
+                read_ipc_file(file, footer, projection, unit.row_group)
+                    .map_err(|e| input_err(&e))?,
             ),
-            Format::Ipc { stream: true, .. } => Box::new(
+            Format::Ipc { footer: None, .. } => Box::new(
                 StreamReader::try_new(std::io::BufReader::new(file), projection)
                     .map_err(|e| input_err(&e))?,
             ),
@@ -396,21 +404,22 @@ pub(crate) fn with_row_id(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
-/// The record batches of an Arrow IPC file (only the `only`-th, where given), each block
-/// read into one 64-byte aligned buffer that the arrays point into (arrow's `FileReader`
-/// reads each message into fresh buffers and copies again). The file is read, not mapped:
-/// a file truncated while it is read gives an error here, where a map would kill the
-/// process with SIGBUS.
-fn read_ipc_file(
-    file: File,
-    projection: Option<Vec<usize>>,
-    only: Option<usize>,
-) -> std::result::Result<
-    impl Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send + use<>,
-    arrow::error::ArrowError,
-> {
+/// What an Arrow IPC file's footer says, parsed when the file is opened: a unit (one record
+/// batch) is then read without reading the footer again, which for a file of many small
+/// batches would cost as much as the batch.
+struct IpcFooter {
+    schema: SchemaRef,
+    version: arrow::ipc::MetadataVersion,
+    dictionaries: Vec<arrow::ipc::Block>,
+    batches: Vec<arrow::ipc::Block>,
+    /// Where the footer starts: every block ends before it.
+    end: u64,
+}
+
+/// `file`'s footer, read and checked.
+fn ipc_footer(file: &File) -> std::result::Result<IpcFooter, arrow::error::ArrowError> {
     use arrow::error::ArrowError;
-    use arrow::ipc::reader::{FileDecoder, read_footer_length};
+    use arrow::ipc::reader::read_footer_length;
     use arrow::ipc::{convert::try_fb_to_schema, root_as_footer};
 
     let bad = |what: &str| ArrowError::IpcError(format!("not a readable Arrow IPC file: {what}"));
@@ -421,21 +430,55 @@ fn read_ipc_file(
     if len < 10 {
         return Err(bad("too short"));
     }
-    let trailer: [u8; 10] = read_at(&file, len - 10, 10)?
+    let trailer: [u8; 10] = read_at(file, len - 10, 10)?
         .as_slice()
         .try_into()
         .map_err(|_| bad("trailer"))?;
     let footer_len = read_footer_length(trailer)? as u64;
-    let footer_start = (len - 10)
+    let end = (len - 10)
         .checked_sub(footer_len)
         .ok_or_else(|| bad("footer"))?;
-    let footer_bytes = read_at(&file, footer_start, footer_len as usize)?;
+    let footer_bytes = read_at(file, end, footer_len as usize)?;
     let footer = root_as_footer(&footer_bytes).map_err(|e| ArrowError::IpcError(e.to_string()))?;
     let schema = try_fb_to_schema(footer.schema().ok_or_else(|| bad("no schema"))?)?;
-    let mut decoder = FileDecoder::new(Arc::new(schema), footer.version());
+    Ok(IpcFooter {
+        schema: Arc::new(schema),
+        version: footer.version(),
+        dictionaries: footer
+            .dictionaries()
+            .map(|b| b.iter().copied().collect())
+            .unwrap_or_default(),
+        batches: footer
+            .recordBatches()
+            .map(|b| b.iter().copied().collect())
+            .unwrap_or_default(),
+        end,
+    })
+}
+
+/// The record batches of an Arrow IPC file whose footer is `footer` (only the `only`-th,
+/// where given), each block read into one 64-byte aligned buffer that the arrays point
+/// into (arrow's `FileReader` reads each message into fresh buffers and copies again). The
+/// file is read, not mapped: a file truncated while it is read gives an error here, where
+/// a map would kill the process with SIGBUS.
+fn read_ipc_file(
+    file: File,
+    footer: &IpcFooter,
+    projection: Option<Vec<usize>>,
+    only: Option<usize>,
+) -> std::result::Result<
+    impl Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send + use<>,
+    arrow::error::ArrowError,
+> {
+    use arrow::error::ArrowError;
+    use arrow::ipc::reader::FileDecoder;
+
+    let bad = |what: &str| ArrowError::IpcError(format!("not a readable Arrow IPC file: {what}"));
+    let mut decoder = FileDecoder::new(footer.schema.clone(), footer.version);
     if let Some(p) = projection {
         decoder = decoder.with_projection(p);
     }
+    let end = footer.end;
     let block_data = move |file: &File, b: &arrow::ipc::Block| {
         let offset = u64::try_from(b.offset()).map_err(|_| bad("block offset"))?;
         let len = u64::try_from(b.bodyLength())
@@ -443,24 +486,23 @@ fn read_ipc_file(
             .zip(u64::try_from(b.metaDataLength()).ok())
             .and_then(|(body, meta)| body.checked_add(meta))
             .ok_or_else(|| bad("block length"))?;
-        if offset.checked_add(len).is_none_or(|end| end > footer_start) {
+        if offset.checked_add(len).is_none_or(|e| e > end) {
             return Err(bad("block past the end"));
         }
         read_at(file, offset, len as usize)
     };
-    for block in footer.dictionaries().iter().flatten() {
+    for block in &footer.dictionaries {
         decoder.read_dictionary(block, &block_data(&file, block)?)?;
     }
-    let mut blocks: Vec<arrow::ipc::Block> = footer
-        .recordBatches()
-        .map(|b| b.iter().copied().collect())
-        .unwrap_or_default();
-    if let Some(b) = only {
-        if b >= blocks.len() {
-            return Err(bad("fewer record batches than when it was opened"));
-        }
-        blocks = vec![blocks[b]];
-    }
+    let blocks = match only {
+        Some(b) => vec![
+            *footer
+                .batches
+                .get(b)
+                .ok_or_else(|| bad("fewer record batches than when it was opened"))?,
+        ],
+        None => footer.batches.clone(),
+    };
     let mut blocks = blocks.into_iter();
     Ok(std::iter::from_fn(move || {
         let block = blocks.next()?;
@@ -644,11 +686,21 @@ fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile> {
         .filter(|r| r.as_ref().map_or(true, |&(_, rows)| rows > 0))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| bad(&e))?;
+    let footer = if stream {
+        None
+    } else {
+        let file = open_regular(path).map_err(|e| bad(&e))?;
+        Some(Arc::new(ipc_footer(&file).map_err(|e| bad(&e))?))
+    };
     Ok(InputFile {
         path: path.into(),
         len,
         schema,
-        format: Format::Ipc { batches, stream },
+        format: Format::Ipc {
+            batches,
+            stream,
+            footer,
+        },
     })
 }
 
