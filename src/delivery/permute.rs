@@ -111,10 +111,20 @@ pub(crate) fn mix(mut z: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// The chi-square statistic of `counts` against `expected` in every cell, per cell:
+    /// about 1 for counts spread uniformly.
+    pub(in crate::delivery) fn chi_square_per_cell(counts: &[u64], expected: f64) -> f64 {
+        counts
+            .iter()
+            .map(|&c| (c as f64 - expected).powi(2) / expected)
+            .sum::<f64>()
+            / counts.len() as f64
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
@@ -167,12 +177,7 @@ mod tests {
                     count[(x * n + p.apply(x)) as usize] += 1;
                 }
             }
-            let expected = PER_CELL as f64;
-            let chi: f64 = count
-                .iter()
-                .map(|&c| (c as f64 - expected).powi(2) / expected)
-                .sum::<f64>()
-                / count.len() as f64;
+            let chi = chi_square_per_cell(&count, PER_CELL as f64);
             // About 1 ± 0.04 for a uniform spread over this many cells.
             assert!(chi < 1.25, "n {n}: chi-square per cell {chi:.2}");
         }

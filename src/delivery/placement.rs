@@ -391,6 +391,7 @@ impl Placement {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::delivery::permute::tests::chi_square_per_cell;
 
     /// Over the strata of Criteo-sized windows (m = 16 batches), each row of a stratum
     /// goes to each batch about equally often (a chi-square per cell near 1).
@@ -407,12 +408,7 @@ mod tests {
                 count[((o % m) * m + j) as usize] += 1;
             }
         }
-        let expected = (8 * k / (m * m)) as f64;
-        let chi: f64 = count
-            .iter()
-            .map(|&c| (c as f64 - expected).powi(2) / expected)
-            .sum::<f64>()
-            / count.len() as f64;
+        let chi = chi_square_per_cell(&count, (8 * k / (m * m)) as f64);
         assert!(chi < 1.3, "chi-square per cell {chi:.2}");
     }
 }

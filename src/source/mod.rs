@@ -32,8 +32,7 @@ enum Format {
     /// (index among the file's record batches, rows), counted when it was opened.
     Ipc {
         batches: Vec<(usize, u64)>,
-        stream: bool,
-        /// A file's footer, parsed once (`None` for a stream).
+        /// A file's footer, parsed once; `None` for a stream.
         footer: Option<Arc<IpcFooter>>,
     },
 }
@@ -106,8 +105,7 @@ impl Inputs {
                 }
                 Format::Ipc {
                     batches,
-                    stream: false,
-                    ..
+                    footer: Some(_),
                 } => {
                     for &(b, rows) in batches {
                         units.push(Unit {
@@ -123,8 +121,7 @@ impl Inputs {
                 }
                 Format::Ipc {
                     batches,
-                    stream: true,
-                    ..
+                    footer: None,
                 } => {
                     let rows = batches.iter().map(|&(_, rows)| rows).sum();
                     units.push(Unit {
@@ -696,11 +693,7 @@ fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile> {
         path: path.into(),
         len,
         schema,
-        format: Format::Ipc {
-            batches,
-            stream,
-            footer,
-        },
+        format: Format::Ipc { batches, footer },
     })
 }
 
