@@ -2,14 +2,13 @@
 //! (a Parquet row group, an IPC file) that workers read independently. Every batch read
 //! gets `row_id`: the row's ordinal in the input, counting files in the order given.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use arrow::ipc::reader::{FileReader, StreamReader};
+use arrow::ipc::reader::StreamReader;
 use hydrant_operators::{Batch, FeaturePlan, ROW_ID, open_regular};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
@@ -20,9 +19,10 @@ use parquet::file::metadata::ParquetStatisticsPolicy;
 use crate::error::{Error, Result, one_line};
 
 mod cache;
+mod ipc;
 use cache::UnitCache;
+use ipc::{IpcFooter, open_ipc, read_ipc_file};
 
-use crate::recycle;
 pub use crate::recycle::release_idle as release_idle_read_buffers;
 
 enum Format {
@@ -401,166 +401,6 @@ pub(crate) fn with_row_id(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
-/// What an Arrow IPC file's footer says, parsed when the file is opened: a unit (one record
-/// batch) is then read without reading the footer again, which for a file of many small
-/// batches would cost as much as the batch.
-struct IpcFooter {
-    schema: SchemaRef,
-    version: arrow::ipc::MetadataVersion,
-    dictionaries: Vec<arrow::ipc::Block>,
-    batches: Vec<arrow::ipc::Block>,
-    /// Where the footer starts: every block ends before it.
-    end: u64,
-}
-
-/// `file`'s footer, read and checked.
-fn ipc_footer(file: &File) -> std::result::Result<IpcFooter, arrow::error::ArrowError> {
-    use arrow::error::ArrowError;
-    use arrow::ipc::reader::read_footer_length;
-    use arrow::ipc::{convert::try_fb_to_schema, root_as_footer};
-
-    let bad = |what: &str| ArrowError::IpcError(format!("not a readable Arrow IPC file: {what}"));
-    let len = file
-        .metadata()
-        .map_err(|e| ArrowError::IpcError(e.to_string()))?
-        .len();
-    if len < 10 {
-        return Err(bad("too short"));
-    }
-    let trailer: [u8; 10] = read_at(file, len - 10, 10)?
-        .as_slice()
-        .try_into()
-        .map_err(|_| bad("trailer"))?;
-    let footer_len = read_footer_length(trailer)? as u64;
-    let end = (len - 10)
-        .checked_sub(footer_len)
-        .ok_or_else(|| bad("footer"))?;
-    let footer_bytes = read_at(file, end, footer_len as usize)?;
-    let footer = root_as_footer(&footer_bytes).map_err(|e| ArrowError::IpcError(e.to_string()))?;
-    let schema = try_fb_to_schema(footer.schema().ok_or_else(|| bad("no schema"))?)?;
-    Ok(IpcFooter {
-        schema: Arc::new(schema),
-        version: footer.version(),
-        dictionaries: footer
-            .dictionaries()
-            .map(|b| b.iter().copied().collect())
-            .unwrap_or_default(),
-        batches: footer
-            .recordBatches()
-            .map(|b| b.iter().copied().collect())
-            .unwrap_or_default(),
-        end,
-    })
-}
-
-/// The record batches of an Arrow IPC file whose footer is `footer` (only the `only`-th,
-/// where given), each block read into one 64-byte aligned buffer that the arrays point
-/// into (arrow's `FileReader` reads each message into fresh buffers and copies again). The
-/// file is read, not mapped: a file truncated while it is read gives an error here, where
-/// a map would kill the process with SIGBUS.
-fn read_ipc_file(
-    file: File,
-    footer: &IpcFooter,
-    projection: Option<Vec<usize>>,
-    only: Option<usize>,
-) -> std::result::Result<
-    impl Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send + use<>,
-    arrow::error::ArrowError,
-> {
-    use arrow::error::ArrowError;
-    use arrow::ipc::reader::FileDecoder;
-
-    let bad = |what: &str| ArrowError::IpcError(format!("not a readable Arrow IPC file: {what}"));
-    let mut decoder = FileDecoder::new(footer.schema.clone(), footer.version);
-    if let Some(p) = projection {
-        decoder = decoder.with_projection(p);
-    }
-    let end = footer.end;
-    let block_data = move |file: &File, b: &arrow::ipc::Block| {
-        let offset = u64::try_from(b.offset()).map_err(|_| bad("block offset"))?;
-        let len = u64::try_from(b.bodyLength())
-            .ok()
-            .zip(u64::try_from(b.metaDataLength()).ok())
-            .and_then(|(body, meta)| body.checked_add(meta))
-            .ok_or_else(|| bad("block length"))?;
-        if offset.checked_add(len).is_none_or(|e| e > end) {
-            return Err(bad("block past the end"));
-        }
-        read_at(file, offset, len as usize)
-    };
-    for block in &footer.dictionaries {
-        decoder.read_dictionary(block, &block_data(&file, block)?)?;
-    }
-    let blocks = match only {
-        Some(b) => vec![
-            *footer
-                .batches
-                .get(b)
-                .ok_or_else(|| bad("fewer record batches than when it was opened"))?,
-        ],
-        None => footer.batches.clone(),
-    };
-    let mut blocks = blocks.into_iter();
-    Ok(std::iter::from_fn(move || {
-        let block = blocks.next()?;
-        Some(block_data(&file, &block).and_then(|data| {
-            decoder
-                .read_record_batch(&block, &data)?
-                .ok_or_else(|| bad("empty block"))
-        }))
-    }))
-}
-
-/// `len` bytes of `file` from `offset`, in a 64-byte aligned buffer; a file shorter than
-/// that (truncated since its footer was read) is an error.
-///
-/// `pread` by hand, into memory that is not zeroed first: `read_exact_at` needs an
-/// initialized slice, and zeroing a step-sized buffer only to overwrite it was a fifth of
-/// the reading thread's time when serving an Arrow file.
-fn read_at(
-    file: &File,
-    offset: u64,
-    len: usize,
-) -> std::result::Result<arrow::buffer::Buffer, arrow::error::ArrowError> {
-    use std::os::fd::AsRawFd;
-    let failed = |e: std::io::Error| arrow::error::ArrowError::IpcError(one_line(e));
-    let mut buffer = recycle::take(len);
-    let mut done = 0;
-    while done < len {
-        let at = libc::off_t::try_from(offset + done as u64)
-            .map_err(|_| failed(std::io::ErrorKind::InvalidInput.into()))?;
-        // SAFETY: `buffer` holds at least `len` bytes, so the `len - done` bytes from
-        // `done` on are inside its allocation; `pread` only writes them, and the file
-        // descriptor is `file`'s, open for as long as `file` is borrowed.
-        let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                buffer.as_mut_ptr().add(done).cast(),
-                len - done,
-                at,
-            )
-        };
-        match n {
-            0 => {
-                return Err(arrow::error::ArrowError::IpcError(format!(
-                    "the file ends before byte {}: it was truncated or rewritten while read",
-                    offset + len as u64
-                )));
-            }
-            n if n > 0 => done += n as usize,
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(failed(e));
-                }
-            }
-        }
-    }
-    // SAFETY: the loop wrote all `len` bytes, and `len` is within the capacity.
-    unsafe { buffer.set_len(len) };
-    Ok(recycle::freeze(buffer))
-}
-
 /// A path as the files it names: itself, or a folder's data files in name order.
 fn expand(path: &Path) -> Result<Vec<PathBuf>> {
     let meta = std::fs::metadata(path).map_err(|e| Error::Input {
@@ -648,123 +488,4 @@ fn no_row_id(path: &Path, schema: &Schema) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// An Arrow IPC file or stream. Row counts are needed up front to number rows, and a
-/// stream has no footer to give them: both are counted here, reading one column.
-fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile> {
-    type Batches =
-        Box<dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>>>;
-    let what = if stream { "stream" } else { "file" };
-    let bad = |e: &dyn std::fmt::Display| Error::Input {
-        path: path.into(),
-        reason: format!("not a readable Arrow IPC {what}: {}", one_line(e)),
-    };
-    let open = |projection: Option<Vec<usize>>| -> Result<(SchemaRef, Batches)> {
-        let file = open_regular(path).map_err(|e| Error::Input {
-            path: path.into(),
-            reason: one_line(e),
-        })?;
-        Ok(if stream {
-            let r = StreamReader::try_new(std::io::BufReader::new(file), projection)
-                .map_err(|e| bad(&e))?;
-            (r.schema(), Box::new(r))
-        } else {
-            let r = FileReader::try_new(file, projection).map_err(|e| bad(&e))?;
-            (r.schema(), Box::new(r))
-        })
-    };
-    let (schema, _) = open(None)?;
-    no_row_id(path, &schema)?;
-    let (_, counter) = open((!schema.fields().is_empty()).then(|| vec![0]))?;
-    let batches = counter
-        .enumerate()
-        .map(|(i, b)| b.map(|b| (i, b.num_rows() as u64)))
-        .filter(|r| r.as_ref().map_or(true, |&(_, rows)| rows > 0))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| bad(&e))?;
-    let footer = if stream {
-        None
-    } else {
-        let file = open_regular(path).map_err(|e| bad(&e))?;
-        Some(Arc::new(ipc_footer(&file).map_err(|e| bad(&e))?))
-    };
-    Ok(InputFile {
-        path: path.into(),
-        len,
-        schema,
-        format: Format::Ipc { batches, footer },
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use arrow::array::{AsArray, Int64Array};
-    use arrow::datatypes::{Int64Type, UInt64Type};
-    use arrow::ipc::writer::{FileWriter, StreamWriter};
-
-    use super::*;
-
-    /// Batches of 3, 0, 5 and 2 rows whose values count up from 0.
-    fn batches() -> Vec<RecordBatch> {
-        let mut next = 0;
-        [3, 0, 5, 2]
-            .map(|n| {
-                let values = Int64Array::from_iter_values(next..next + n);
-                next += n;
-                RecordBatch::try_from_iter([("x", Arc::new(values) as _)]).unwrap()
-            })
-            .to_vec()
-    }
-
-    /// Each record batch of an Arrow IPC file that holds rows is a unit, read without the
-    /// others; a stream, which has no footer to find them by, is one unit.
-    #[test]
-    fn an_ipc_file_is_a_unit_per_record_batch_and_a_stream_one_unit() {
-        let dir = tempfile::tempdir().unwrap();
-        let (file, stream) = (dir.path().join("f.arrow"), dir.path().join("s.arrows"));
-        let schema = batches()[0].schema();
-        let mut w = FileWriter::try_new(File::create(&file).unwrap(), &schema).unwrap();
-        let mut s = StreamWriter::try_new(File::create(&stream).unwrap(), &schema).unwrap();
-        for b in batches() {
-            w.write(&b).unwrap();
-            s.write(&b).unwrap();
-        }
-        w.finish().unwrap();
-        s.finish().unwrap();
-
-        let inputs = Inputs::open(std::slice::from_ref(&file), 1024).unwrap();
-        let units: Vec<_> = inputs
-            .units()
-            .iter()
-            .map(|u| (u.row_group, u.first_row, u.rows, u.first_seq))
-            .collect();
-        let want = [(Some(0), 0, 3, 0), (Some(2), 3, 5, 1), (Some(3), 8, 2, 2)];
-        assert_eq!(units, want);
-        let read: Vec<Batch> = inputs
-            .read(&inputs.units()[1])
-            .unwrap()
-            .collect::<Result<_>>()
-            .unwrap();
-        assert_eq!(read.len(), 1);
-        let data = &read[0].data;
-        let x = data
-            .column_by_name("x")
-            .unwrap()
-            .as_primitive::<Int64Type>();
-        assert_eq!(x.values().to_vec(), vec![3, 4, 5, 6, 7]);
-        let ids = data.column_by_name(ROW_ID).unwrap();
-        assert_eq!(
-            ids.as_primitive::<UInt64Type>().values().to_vec(),
-            vec![3, 4, 5, 6, 7]
-        );
-
-        let inputs = Inputs::open(&[stream], 1024).unwrap();
-        let units: Vec<_> = inputs
-            .units()
-            .iter()
-            .map(|u| (u.row_group, u.rows))
-            .collect();
-        assert_eq!(units, [(None, 10)]);
-    }
 }
