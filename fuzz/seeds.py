@@ -60,6 +60,23 @@ def doput():
     put("doput", "missing_column", frame(t.drop_columns(["b"]).to_batches(), t.drop_columns(["b"]).schema))
 
 
+def ipc_files():
+    """Arrow IPC files (the format with a footer) of a few layouts."""
+    t = pa.table({"a": pa.array([1.5, None, -2.0, 1e9]), "c": pa.array(["x", None, "zz", "y"]),
+                  "y": pa.array([0.0, 1.0, 1.0, 0.0], pa.float32())})
+    tensor = pa.table({"t": pa.FixedSizeListArray.from_arrays(pa.array([1.0] * 8, pa.float32()), 2)})
+    dic = t.set_column(1, "c", pc.dictionary_encode(t["c"]))
+    cases = {"batches": (t, 2), "one": (t, None), "tensor": (tensor, 3), "dictionary": (dic, 2),
+             "empty": (t.slice(0, 0), None)}
+    for name, (table, chunk) in cases.items():
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as w:
+            empty = pa.record_batch([pa.array([], f.type) for f in table.schema], schema=table.schema)
+            for b in table.to_batches(max_chunksize=chunk) or [empty]:
+                w.write_batch(b)
+        put("ipc_file", name, sink.getvalue().to_pybytes())
+
+
 def texts():
     for p in (ROOT / "examples").glob("*.toml"):
         put("pipeline_toml", p.stem, p.read_text())
@@ -82,4 +99,5 @@ def texts():
 
 if __name__ == "__main__":
     doput()
+    ipc_files()
     texts()

@@ -416,4 +416,33 @@ mod tests {
             assert!(err.contains("f.arrow"), "{err}");
         }
     }
+
+    /// A batch header may state any row count: one past what hydrant numbers is refused at
+    /// open, never summed into an overflow.
+    #[test]
+    fn a_header_stating_too_many_rows_is_refused_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("huge.arrow");
+        let rows = 12_345;
+        let values = arrow::array::Int8Array::from(vec![1; rows]);
+        let batch = RecordBatch::try_from_iter([("x", Arc::new(values) as _)]).unwrap();
+        let mut bytes = write_file(&path, &[batch]);
+        let footer = ipc_footer(&File::open(&path).unwrap()).unwrap();
+        let block = footer.batches[0];
+        let (at, len) = (block.offset() as usize, block.metaDataLength() as usize);
+        // The row count is in the header twice (the batch's and its column's), as i64s.
+        let (from, to) = ((rows as i64).to_le_bytes(), (1i64 << 62).to_le_bytes());
+        let mut patched = 0;
+        for i in at..at + len - 8 {
+            if bytes[i..i + 8] == from {
+                bytes[i..i + 8].copy_from_slice(&to);
+                patched += 1;
+            }
+        }
+        assert!(patched > 0);
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Inputs::open(&[path], 1024).err().unwrap().to_string();
+        assert!(err.contains("huge.arrow"), "{err}");
+        assert!(err.contains("rows hydrant numbers"), "{err}");
+    }
 }

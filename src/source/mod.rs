@@ -99,7 +99,7 @@ impl Inputs {
                             rows,
                             first_seq: seq,
                         });
-                        row += rows;
+                        row = count(row, rows, f)?;
                         seq += rows.div_ceil(batch_rows as u64);
                     }
                 }
@@ -115,7 +115,7 @@ impl Inputs {
                             rows,
                             first_seq: seq,
                         });
-                        row += rows;
+                        row = count(row, rows, f)?;
                         seq += 1;
                     }
                 }
@@ -123,6 +123,7 @@ impl Inputs {
                     batches,
                     footer: None,
                 } => {
+                    // A stream's batches were counted as read: their sum is bounded by its size.
                     let rows = batches.iter().map(|&(_, rows)| rows).sum();
                     units.push(Unit {
                         file: i,
@@ -131,7 +132,7 @@ impl Inputs {
                         rows,
                         first_seq: seq,
                     });
-                    row += rows;
+                    row = count(row, rows, f)?;
                     seq += batches.len() as u64;
                 }
             }
@@ -477,6 +478,24 @@ fn open_file(path: &Path) -> Result<InputFile> {
         return open_ipc(path, true, meta.len());
     }
     Err(err("not a Parquet or Arrow IPC file".into()))
+}
+
+/// The most rows all inputs may hold together: row ids and positions stay far from `u64`'s
+/// end in every sum and product placement makes of them. Footers state row counts, and a
+/// footer is anyone's bytes.
+const MAX_ROWS: u64 = 1 << 48;
+
+/// Rows counted so far, `row`, plus a unit's `rows` of file `f`; an error past [`MAX_ROWS`].
+fn count(row: u64, rows: u64, f: &InputFile) -> Result<u64> {
+    row.checked_add(rows)
+        .filter(|&n| n <= MAX_ROWS)
+        .ok_or_else(|| Error::Input {
+            path: f.path.clone(),
+            reason: format!(
+                "its footer states {rows} rows in one unit, which would take the inputs past \
+                 the {MAX_ROWS} rows hydrant numbers"
+            ),
+        })
 }
 
 /// Inputs may not carry the column hydrant adds.
