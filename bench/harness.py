@@ -146,20 +146,27 @@ def run_e2e(args, work):
 
 
 def run_flight(args):
-    """One stream, then four concurrent ones (hydrant: four ranks), on each side."""
+    """One stream, then four concurrent ones (hydrant: four ranks), on each side; the peer
+    with its server in the clients' process (as given) and in a process of its own."""
     rows, pulls = str(args.flight_rows), "3" if args.smoke else "5"
     runs = {}
     print("flight", flush=True)
     for _ in range(args.reps):
         for streams in ("1", "4"):
             x = "" if streams == "1" else f" x{streams}"
-            for name, cmd in ((f"hydrant serve{x}", [PEERS / "hydrant_flight.py", HYDRANT]),
-                              (f"pyarrow C++ server{x}", [PEERS / "flight_pyarrow.py"])):
-                r = measure([PY, *cmd, rows, pulls, streams])
+            # The peer as given runs its server in the clients' process; the second run of
+            # it gives the server a process of its own, as hydrant's has.
+            for name, cmd, extra in (
+                (f"hydrant serve{x}", [PEERS / "hydrant_flight.py", HYDRANT], []),
+                (f"pyarrow C++ server{x}", [PEERS / "flight_pyarrow.py"], []),
+                (f"pyarrow C++ server, own process{x}", [PEERS / "flight_pyarrow.py"],
+                 ["own-process"]),
+            ):
+                r = measure([PY, *cmd, rows, pulls, streams, *extra])
                 if r["rows"] != args.flight_rows:
                     raise RuntimeError(f"{name}: pulled {r['rows']} rows of {args.flight_rows}")
                 runs.setdefault(name, []).append(r)
-                print(f"  {name:24} {r['median_gb_per_s']} GB/s", flush=True)
+                print(f"  {name:36} {r['median_gb_per_s']} GB/s", flush=True)
     return runs
 
 

@@ -1,4 +1,6 @@
-"""The featurized batches both Flight benchmarks serve, and the pull both clients make."""
+"""The featurized batches both Flight benchmarks serve, the pull both clients make, and the
+CPU each side spends."""
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -34,3 +36,10 @@ def pull_all(pairs):
     with ThreadPoolExecutor(len(pairs)) as pool:
         done = list(pool.map(lambda p: pull(*p), pairs))
     return sum(r for r, _ in done), sum(b for _, b in done)
+
+
+def cpu_seconds(pid):
+    """User and system CPU seconds of process `pid` so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -6,8 +6,15 @@ JSON line; bytes of the three columns per second, median and best of PULLS pulls
 
 With STREAMS > 1, stream s serves the s-th of STREAMS equal slices of every batch (as
 hydrant_flight.py's ranks do) and one client per stream pulls concurrently.
+
+The server runs in the clients' process, as in ../shared/bench/flight_pyarrow.py (the
+peer as given). With a fourth argument `own-process` it runs in a process of its own, as
+`hydrant serve` does: then each side has its own gRPC threads, and the JSON line also says
+each process's CPU seconds per pull.
 """
 import json
+import multiprocessing as mp
+import os
 import statistics
 import sys
 import threading
@@ -16,32 +23,65 @@ import time
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from featurized import featurized_table, pull_all
+from featurized import cpu_seconds, featurized_table, pull_all
 
 rows = int(sys.argv[1]) if len(sys.argv) > 1 else 31 * 65536
 pulls = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 streams = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-batches = featurized_table(rows).to_batches(max_chunksize=65536)
-part = 65536 // streams
-shares = [pa.Table.from_batches([b.slice(s * part, part) for b in batches]) for s in range(streams)]
+own_process = len(sys.argv) > 4 and sys.argv[4] == "own-process"
 
 
 class Server(fl.FlightServerBase):
+    def __init__(self, shares):
+        super().__init__("grpc://127.0.0.1:0")
+        self.shares = shares
+
     def do_get(self, context, ticket):
-        return fl.RecordBatchStream(shares[int(ticket.ticket)])
+        return fl.RecordBatchStream(self.shares[int(ticket.ticket)])
 
 
-server = Server("grpc://127.0.0.1:0")
-threading.Thread(target=server.serve, daemon=True).start()
-pairs = [(fl.connect(f"grpc://127.0.0.1:{server.port}"), fl.Ticket(str(s).encode()))
-         for s in range(streams)]
-rates, n, nbytes = [], 0, 0
-for _ in range(pulls):
-    t0 = time.perf_counter()
-    n, nbytes = pull_all(pairs)
-    rates.append(nbytes / (time.perf_counter() - t0))
-server.shutdown()
-print(json.dumps({"peer": "pyarrow_flight", "streams": streams, "rows": n, "bytes": nbytes,
-                  "median_gb_per_s": round(statistics.median(rates) / 1e9, 3),
-                  "best_gb_per_s": round(max(rates) / 1e9, 3),
-                  "pulls_gb_per_s": [round(r / 1e9, 3) for r in rates]}))
+def shares_of(rows, streams):
+    batches = featurized_table(rows).to_batches(max_chunksize=65536)
+    part = 65536 // streams
+    return [pa.Table.from_batches([b.slice(s * part, part) for b in batches])
+            for s in range(streams)]
+
+
+def serve_in_child(rows, streams, ports):
+    server = Server(shares_of(rows, streams))
+    ports.put(server.port)
+    server.serve()
+
+
+if __name__ == "__main__":
+    if own_process:
+        ports = mp.Queue()
+        child = mp.Process(target=serve_in_child, args=(rows, streams, ports), daemon=True)
+        child.start()
+        port, server_pid = ports.get(), child.pid
+    else:
+        server = Server(shares_of(rows, streams))
+        threading.Thread(target=server.serve, daemon=True).start()
+        port, server_pid = server.port, os.getpid()
+    pairs = [(fl.connect(f"grpc://127.0.0.1:{port}"), fl.Ticket(str(s).encode()))
+             for s in range(streams)]
+    rates, n, nbytes = [], 0, 0
+    for pull in range(pulls):
+        if pull == 1:  # CPU from the second pull on, as hydrant_flight.py counts it
+            server_cpu, client_cpu = cpu_seconds(server_pid), time.process_time()
+        t0 = time.perf_counter()
+        n, nbytes = pull_all(pairs)
+        rates.append(nbytes / (time.perf_counter() - t0))
+    out = {"peer": "pyarrow_flight" + ("_own_process" if own_process else ""),
+           "streams": streams, "rows": n, "bytes": nbytes,
+           "median_gb_per_s": round(statistics.median(rates) / 1e9, 3),
+           "best_gb_per_s": round(max(rates) / 1e9, 3),
+           "pulls_gb_per_s": [round(r / 1e9, 3) for r in rates]}
+    if own_process and pulls > 1:
+        out["server_cpu_s_per_pull"] = round((cpu_seconds(server_pid) - server_cpu) / (pulls - 1), 4)
+        out["client_cpu_s_per_pull"] = round((time.process_time() - client_cpu) / (pulls - 1), 4)
+    if own_process:
+        child.kill()
+    else:
+        server.shutdown()
+    print(json.dumps(out))

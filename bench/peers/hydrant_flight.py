@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 import procs
-from featurized import featurized_table, pull_all
+from featurized import cpu_seconds, featurized_table, pull_all
 
 binary = sys.argv[1]
 rows = int(sys.argv[2]) if len(sys.argv) > 2 else 31 * 65536
@@ -59,16 +59,21 @@ try:
     # Each pull is the next epoch, as a trainer reads them: all ranks of an epoch share one
     # run (a second read of an epoch would be served as catch-up runs, one per rank).
     for epoch in range(pulls):
+        if epoch == 1:  # CPU from the second pull on: the first one reads the file
+            server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
         pairs = [(c, fl.Ticket(json.dumps({"pipeline": "pass", "epoch": epoch, "rank": r,
                                            "world_size": streams}).encode()))
                  for r, c in enumerate(clients)]
         t0 = time.perf_counter()
         n, nbytes = pull_all(pairs)
         rates.append(nbytes / (time.perf_counter() - t0))
+    if pulls > 1:
+        cpu = {"server_cpu_s_per_pull": round((cpu_seconds(server.pid) - server_cpu) / (pulls - 1), 4),
+               "client_cpu_s_per_pull": round((time.process_time() - client_cpu) / (pulls - 1), 4)}
 finally:
     server.terminate()
     server.wait()
 print(json.dumps({"peer": "hydrant_flight", "streams": streams, "rows": n, "bytes": nbytes,
                   "median_gb_per_s": round(statistics.median(rates) / 1e9, 3),
                   "best_gb_per_s": round(max(rates) / 1e9, 3),
-                  "pulls_gb_per_s": [round(r / 1e9, 3) for r in rates]}))
+                  "pulls_gb_per_s": [round(r / 1e9, 3) for r in rates], **cpu}))
