@@ -27,9 +27,17 @@ pub fn check_message(data: &FlightData) -> Result<(), String> {
             Err("a body without an IPC header".into())
         };
     }
-    let message = root_as_message(&data.data_header)
-        .map_err(|e| format!("IPC header is not a valid message: {e}"))?;
-    let body = data.data_body.len() as i64;
+    check_ipc_message(&data.data_header, data.data_body.len(), MAX_PUSH_ROWS)
+}
+
+/// Checks an IPC message (`header`: its flatbuffer; `body`: the bytes of body that came
+/// with it) before arrow decodes it: a well-formed message whose buffers and nodes lie
+/// within the body, of at most `max_rows` rows. Used for pushed messages and for the
+/// record batches of input files, whose bytes are anyone's.
+pub fn check_ipc_message(header: &[u8], body: usize, max_rows: i64) -> Result<(), String> {
+    let message =
+        root_as_message(header).map_err(|e| format!("IPC header is not a valid message: {e}"))?;
+    let body = i64::try_from(body).unwrap_or(i64::MAX);
     if message.bodyLength() < 0 || message.bodyLength() > body {
         return Err(format!(
             "IPC header says the body is {} bytes; it is {body}",
@@ -45,9 +53,9 @@ pub fn check_message(data: &FlightData) -> Result<(), String> {
         other => return Err(format!("IPC message of type {other:?} is not a batch")),
     }
     .ok_or("IPC batch header is missing")?;
-    if !(0..=MAX_PUSH_ROWS).contains(&batch.length()) {
+    if !(0..=max_rows).contains(&batch.length()) {
         return Err(format!(
-            "a batch of {} rows (at most {MAX_PUSH_ROWS})",
+            "a batch of {} rows (at most {max_rows})",
             batch.length()
         ));
     }
@@ -86,9 +94,21 @@ pub fn check_message(data: &FlightData) -> Result<(), String> {
     Ok(())
 }
 
+/// What a thread is decoding, for the panic hook (see [`quiet_decoder_panics`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Decoding {
+    Nothing,
+    /// A pushed stream: a panic is logged in one line, and the push refused.
+    Pushed,
+    /// An input file: a panic becomes the error [`decode_quietly`] returns, unlogged.
+    Input,
+}
+
 thread_local! {
-    /// Set while this thread runs arrow's IPC decoder on pushed bytes.
-    static DECODING: Cell<bool> = const { Cell::new(false) };
+    /// What this thread is decoding now.
+    static DECODING: Cell<Decoding> = const { Cell::new(Decoding::Nothing) };
+    /// The message of the last panic inside [`decode_quietly`] on this thread.
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Runs `decode` (arrow's IPC decoder on pushed bytes), returning `None` if it panicked.
@@ -99,8 +119,27 @@ thread_local! {
 /// then refused like any other bad stream; the panic hook (see [`quiet_decoder_panics`])
 /// says so in one line instead of a backtrace.
 pub fn decode_guarded<T>(decode: impl FnOnce() -> T) -> Option<T> {
-    let _decoding = Decoding::start();
+    let _decoding = Guard::start(Decoding::Pushed);
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).ok()
+}
+
+/// Runs `decode` (a reader of an input file: arrow's IPC decoder, parquet's), returning
+/// what its panic said, if it panicked, as the error: a corrupt file is an error naming
+/// it, not a panic of the thread that read it. Nothing is logged.
+pub fn decode_quietly<T>(decode: impl FnOnce() -> T) -> Result<T, String> {
+    quiet_decoder_panics();
+    let _decoding = Guard::start(Decoding::Input);
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode)).map_err(|_| {
+        LAST_PANIC
+            .take()
+            .unwrap_or_else(|| "the decoder panicked".into())
+    })
+}
+
+/// Whether this thread is inside [`decode_guarded`] or [`decode_quietly`]: a panic hook
+/// installed after [`quiet_decoder_panics`] hands such panics on to it.
+pub fn decoding() -> bool {
+    DECODING.get() != Decoding::Nothing
 }
 
 /// A future whose polls count as decoding pushed bytes (for the panic hook); the service
@@ -111,42 +150,46 @@ impl<F: Future + Unpin> Future for Guarded<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let _decoding = Decoding::start();
+        let _decoding = Guard::start(Decoding::Pushed);
         Pin::new(&mut self.0).poll(cx)
     }
 }
 
-/// Marks this thread as decoding until dropped (also when a panic unwinds past it).
-struct Decoding;
+/// Marks this thread as decoding until dropped (also when a panic unwinds past it), then
+/// restores what it was doing before.
+struct Guard(Decoding);
 
-impl Decoding {
-    fn start() -> Self {
-        DECODING.set(true);
-        Decoding
+impl Guard {
+    fn start(what: Decoding) -> Self {
+        Guard(DECODING.replace(what))
     }
 }
 
-impl Drop for Decoding {
+impl Drop for Guard {
     fn drop(&mut self) {
-        DECODING.set(false);
+        DECODING.set(self.0);
     }
 }
 
-/// Installs (once) a panic hook that reports a panic inside [`decode_guarded`] in one line
-/// and passes every other panic to the hook installed before.
+/// Installs (once) a panic hook that reports a panic inside [`decode_guarded`] in one line,
+/// keeps one inside [`decode_quietly`] for its error, and passes every other panic to the
+/// hook installed before.
 pub fn quiet_decoder_panics() {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if DECODING.get() {
+        std::panic::set_hook(Box::new(move |info| match DECODING.get() {
+            Decoding::Pushed => {
                 let message = hydrant_operators::running::panic_message(info);
                 hydrant_operators::log_line!(
                     "hydrant: a pushed stream failed arrow's IPC decoder ({message}); refused"
                 );
-            } else {
-                previous(info);
             }
+            Decoding::Input => {
+                let message = hydrant_operators::running::panic_message(info);
+                LAST_PANIC.set(Some(message.to_string()));
+            }
+            Decoding::Nothing => previous(info),
         }));
     });
 }
@@ -192,5 +235,17 @@ mod tests {
         let mut orphan = batch;
         orphan.data_header = bytes::Bytes::new();
         assert!(check_message(&orphan).is_err());
+    }
+
+    /// A panic inside `decode_quietly` is its error, with the panic's message; the thread
+    /// goes on, and panics outside it still reach the hook before (here: unwinding).
+    #[test]
+    fn a_quiet_decode_turns_a_panic_into_its_error() {
+        assert_eq!(decode_quietly(|| 7), Ok(7));
+        let err = decode_quietly(|| -> u32 { panic!("offset {} past the end", 9) });
+        assert_eq!(err, Err("offset 9 past the end".to_string()));
+        assert!(!decoding());
+        let outside = std::panic::catch_unwind(|| panic!("not a decode"));
+        assert!(outside.is_err());
     }
 }

@@ -32,7 +32,10 @@ mod service;
 mod ticket;
 
 pub use auth::{Auth, AuthError, DEFAULT_TTL, Denied, FAILURE_WINDOW, MAX_FAILURES, Role};
-pub use check::{Guarded, MAX_PUSH_ROWS, check_message, decode_guarded, quiet_decoder_panics};
+pub use check::{
+    Guarded, MAX_PUSH_ROWS, check_ipc_message, check_message, decode_guarded, decode_quietly,
+    decoding, quiet_decoder_panics,
+};
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use encode::batch_bytes;
 pub use service::{Accepted, BatchMeta, FlightServer, Origin, RankStream, ServeError, Served};

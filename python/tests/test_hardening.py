@@ -7,7 +7,7 @@ import pytest
 
 from hydrant_client import Client, HydrantError
 
-from conftest import PIPELINE, Server
+from conftest import PIPELINE, Server, hydrant
 
 
 def test_an_input_truncated_while_served_fails_its_stream_only(data, tmp_path):
@@ -83,3 +83,94 @@ def test_a_server_whose_stdout_fails_keeps_serving(data):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     assert "cannot write the ready line" in proc.stderr.read()
+
+
+def _read_all(client, rank, world_size, into, start_step=0):
+    """Reads `rank`'s epoch 0 into `into[rank]`: ("done", steps) or ("error", message)."""
+    try:
+        steps = [b.step for b in client.batches("criteo", rank, world_size, start_step=start_step)]
+        into[rank] = ("done", steps)
+    except HydrantError as e:
+        into[rank] = ("error", str(e))
+
+
+def test_a_panic_in_one_worker_fails_every_stream_of_its_run_without_a_hang(data, monkeypatch):
+    """One worker of two panics mid-run (worker 1, the second time it reads) while the other
+    goes on: the survivor used to wait forever for the dead one, holding the run's queues
+    open, so both ranks' streams hung with no error. Now the survivor stops too: a rank
+    that has all its steps ends cleanly, the others with the panic's one line."""
+    import threading
+
+    path, state = data
+    monkeypatch.setenv("HYDRANT_FAIL_POINT", "source:1:1")
+    s = Server("--pipeline", PIPELINE, "--input", path, "--state", state, "--workers", "2",
+               "--ranks", "2", "--batch-size", "100")
+    try:
+        client = Client(s.uri)
+        got = {}
+        readers = [threading.Thread(target=_read_all, args=(client, r, 2, got), daemon=True)
+                   for r in range(2)]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in readers), f"a stream hung: {got}"
+        assert any(kind == "error" for kind, _ in got.values()), got
+        for kind, what in got.values():
+            if kind == "error":
+                assert "panicked in operator `source`" in what and "\n" not in what, what
+            else:
+                assert what == list(range(len(what))) and len(what) == 101, what
+        assert s.proc.poll() is None
+        assert client.status()["pipelines"][0]
+    finally:
+        s.stop()
+
+
+def test_a_rank_whose_trainer_dies_mid_epoch_is_let_go(tmp_path):
+    """A trainer reads a few steps, then its process is killed. The other rank used to
+    wait forever on the dead rank's full queue: the drain that lets an unread rank go was
+    looked for once per wait, before the trainer died. It is looked for every
+    `--absent-after` now; the killed rank, read again, catches up exactly."""
+    import subprocess
+    import sys
+    import textwrap
+    import threading
+    import time
+
+    # Enough rows that a rank's queue fills long before the epoch ends.
+    rows = 200_000
+    path = tmp_path / "rows.parquet"
+    hydrant("gen", "criteo", "--rows", rows, "--out", path)
+    s = Server("--pipeline", PIPELINE, "--input", path, "--ranks", "2", "--batch-size", "1000",
+               "--absent-after", "1")
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import json, time, pyarrow.flight as fl
+        ticket = json.dumps(dict(pipeline="criteo", epoch=0, rank=0, world_size=2))
+        reader = fl.connect("{s.uri}").do_get(fl.Ticket(ticket.encode()))
+        for _ in range(5):
+            reader.read_chunk()
+        print("read", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "read"
+        client = Client(s.uri)
+        got = {}
+        other = threading.Thread(target=_read_all, args=(client, 1, 2, got), daemon=True)
+        other.start()
+        # Rank 1 waits on rank 0's full queue longer than --absent-after while rank 0's
+        # trainer is still connected (so it is not let go then); then that trainer dies.
+        time.sleep(3)
+        child.kill()
+        child.wait()
+        other.join(timeout=60)
+        assert not other.is_alive(), "rank 1 waited forever for the killed rank 0"
+        steps = rows // 2000
+        assert got[1] == ("done", list(range(steps))), got
+        # Rank 0 resumes where its trainer stopped and gets exactly the rest.
+        _read_all(client, 0, 2, got, start_step=5)
+        assert got[0] == ("done", list(range(5, steps))), got
+    finally:
+        child.kill()
+        s.stop()

@@ -3,6 +3,7 @@ read them as they arrive, `end_ingest` pads the last step."""
 
 import threading
 
+import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
@@ -112,6 +113,18 @@ def test_a_batch_of_the_wrong_schema_is_rejected_whole(pushed):
     assert "pushed.toml" not in str(refused.value) and "`criteo_hash`" in str(refused.value)
     assert client.status()["pipelines"][0]["pushed"]["rows_in"] == 0
     # The server keeps taking good batches.
+    assert client.push("criteo_hash", table.slice(0, 100))[0]["rows"] == 100
+
+
+def test_a_batch_with_two_columns_of_one_name_is_refused_whole(pushed):
+    """Two columns named `i0` used to be acknowledged, with either one featurized."""
+    server, table = pushed
+    client = Client(server.uri)
+    bad = table.slice(0, 100)
+    bad = bad.append_column("i0", pa.array([1e9] * 100))
+    with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*two columns named `i0`"):
+        client.push("criteo_hash", bad)
+    assert client.status()["pipelines"][0]["pushed"]["rows_in"] == 0
     assert client.push("criteo_hash", table.slice(0, 100))[0]["rows"] == 100
 
 

@@ -484,6 +484,7 @@ fn run_worker(
     drop(input);
     while !probe.done() {
         worker.step_or_park(Some(PARK));
+        fate::abandon_if_failed();
     }
     if let Some(WorkerSink::Batch(s)) = sink.borrow_mut().as_mut() {
         s.finish()?;

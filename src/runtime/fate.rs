@@ -42,6 +42,17 @@ pub fn register_worker(fate: &Fate) {
     JOB.with(|j| *j.borrow_mut() = Some(fate.clone()));
 }
 
+/// Ends this worker thread (unwinding it, without the panic hook) if another worker of
+/// its job failed. Workers call it wherever they wait on the others' progress, which a
+/// dead worker never makes: the survivors would otherwise wait forever, holding the job's
+/// queues open, so that a served run's streams never saw its end (nor its error).
+pub fn abandon_if_failed() {
+    let failed = JOB.with(|j| j.borrow().as_ref().is_some_and(|f| f.failure().is_some()));
+    if failed {
+        std::panic::resume_unwind(Box::new("another worker of the job failed"));
+    }
+}
+
 /// The peer process whose connection broke first, if one did.
 pub fn lost_peer() -> Option<&'static (usize, String)> {
     LOST_PEER.get()
@@ -53,6 +64,10 @@ pub fn install_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
+            // A panic inside a guarded decoder becomes that read's error, not the job's.
+            if hydrant_flight::decoding() {
+                return previous(info);
+            }
             let thread = std::thread::current();
             let name = thread.name().unwrap_or("");
             let Some(role) = name.strip_prefix("timely:") else {

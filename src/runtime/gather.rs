@@ -100,6 +100,7 @@ pub fn all_to_all<D: ExchangeData + Clone>(worker: &mut Worker, sends: Vec<D>) -
     drop(input);
     while heard.borrow().len() < peers || !probe.done() {
         worker.step_or_park(Some(PARK));
+        super::fate::abandon_if_failed();
     }
     let mut heard = heard.take();
     heard.sort_by_key(|(_, from, _)| *from);

@@ -82,6 +82,7 @@ pub(super) fn read_epochs(
             worker.step();
             while probe.less_than(&time.saturating_sub(slack)) {
                 worker.step_or_park(Some(PARK));
+                super::fate::abandon_if_failed();
             }
             if errors.get().is_some() {
                 return;

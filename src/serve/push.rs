@@ -11,7 +11,7 @@ use std::time::Instant;
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use hydrant_flight::{Accepted, Origin, ServeError};
-use hydrant_operators::{FittedState, ROW_ID, Transformer};
+use hydrant_operators::{FittedState, Transformer};
 use tokio::sync::mpsc::Sender;
 
 use super::fresh::Freshness;
@@ -636,11 +636,7 @@ impl PushFeaturizer {
     /// (rows held for a first version are checked so, before they are acknowledged).
     pub fn check(&self, schema: &Schema) -> Result<(), ServeError> {
         let invalid = |e: &dyn std::fmt::Display| ServeError::InvalidArgument(e.to_string());
-        if schema.index_of(ROW_ID).is_ok() {
-            return Err(invalid(&format!(
-                "column `{ROW_ID}` is added by hydrant; do not push it"
-            )));
-        }
+        check_columns(schema)?;
         let plan = self.spec.plan(schema).map_err(|e| self.plan_error(e))?;
         check_output(&plan.output_schema(), &self.output).map_err(|e| invalid(&e))
     }
@@ -674,11 +670,7 @@ impl PushFeaturizer {
     ) -> Result<RecordBatch, ServeError> {
         let invalid = |e: &dyn std::fmt::Display| ServeError::InvalidArgument(e.to_string());
         let schema = batch.schema();
-        if schema.index_of(ROW_ID).is_ok() {
-            return Err(invalid(&format!(
-                "column `{ROW_ID}` is added by hydrant; do not push it"
-            )));
-        }
+        check_columns(&schema)?;
         let at = match self.transformers.iter().position(|(s, _)| *s == schema) {
             Some(at) => at,
             None => {
@@ -700,6 +692,14 @@ impl PushFeaturizer {
             .map_err(|e| invalid(&e))?;
         check_output(&out.schema(), &self.output).map_err(|e| invalid(&e))?;
         Ok(out)
+    }
+}
+
+/// A pushed batch's columns, checked as an input file's are.
+fn check_columns(schema: &Schema) -> Result<(), ServeError> {
+    match crate::source::column_problem(schema) {
+        Some(problem) => Err(ServeError::InvalidArgument(format!("the batch {problem}"))),
+        None => Ok(()),
     }
 }
 

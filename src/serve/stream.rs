@@ -84,7 +84,7 @@ impl Consumer {
 
     /// Drains the ranks of this run that no stream reads: a trainer that has waited
     /// its `absent_after` may be waiting on a rank whose queue is full because no one reads
-    /// it (one rank read alone, a trainer that has not come). Only file input's runs: a
+    /// it (one rank read alone, a trainer that has not come, or one that went away). Only file input's runs: a
     /// rank that comes later catches up on a run of its own, which pushed rows cannot.
     fn let_unread_ranks_go(&self) {
         for rank in (0..self.run.ranks()).filter(|&r| r != self.rank) {
@@ -146,15 +146,16 @@ impl Consumer {
                 return Some(rb);
             }
             let waited = Instant::now();
-            let mut absent = self.start_step != u64::MAX && self.run.steps.is_some();
+            let absent = self.start_step != u64::MAX && self.run.steps.is_some();
             let got = loop {
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return Some(Err(self.superseded())),
                     got = queue.recv() => break got,
+                    // Looked at again every `absent_after` while this stream waits: a rank
+                    // whose trainer goes away later (killed mid-epoch) is let go then.
                     _ = tokio::time::sleep(self.absent_after), if absent => {
                         self.let_unread_ranks_go();
-                        absent = false;
                     }
                 }
             };
@@ -215,6 +216,12 @@ impl Consumer {
             return None;
         }
         let steps = self.run.steps;
+        // A rank that has its whole epoch ends cleanly, whatever happens to the run after
+        // (another rank's worker failing, say): its client holds every step.
+        if steps.is_some_and(|n| self.next >= n) {
+            self.ended = true;
+            return None;
+        }
         match self.next_batch().await {
             // Steps come in order from `start_step`; a gap would be rows lost unseen.
             Some(Ok(rb)) if rb.meta.step != self.next => {

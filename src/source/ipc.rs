@@ -11,7 +11,7 @@ use arrow::error::ArrowError;
 use arrow::ipc::reader::StreamReader;
 use hydrant_operators::open_regular;
 
-use super::{Format, InputFile, no_row_id};
+use super::{Format, InputFile, MAX_ROWS, check_columns};
 use crate::error::{Error, Result, one_line};
 use crate::recycle;
 
@@ -32,14 +32,17 @@ pub(super) fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile>
         reason: one_line(e),
     })?;
     let (schema, batches, footer) = if stream {
-        let (schema, batches) = count_stream(path, file).map_err(bad)?;
+        // Counting decodes the stream, which may be corrupt: a panic in arrow is its error.
+        let counted = hydrant_flight::decode_quietly(|| count_stream(path, file))
+            .map_err(|panic| ArrowError::IpcError(format!("its data cannot be decoded: {panic}")));
+        let (schema, batches) = counted.and_then(|c| c).map_err(bad)?;
         (schema, batches, None)
     } else {
         let footer = ipc_footer(&file).map_err(bad)?;
         let batches = batch_rows(&file, &footer).map_err(bad)?;
         (footer.schema.clone(), batches, Some(Arc::new(footer)))
     };
-    no_row_id(path, &schema)?;
+    check_columns(path, &schema)?;
     let batches = batches
         .into_iter()
         .enumerate()
@@ -54,7 +57,7 @@ pub(super) fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile>
 }
 
 /// What `e` says, without arrow's "Ipc error: " before this module's own messages.
-fn reason(e: ArrowError) -> String {
+pub(super) fn reason(e: ArrowError) -> String {
     match e {
         ArrowError::IpcError(m) => one_line(m),
         e => one_line(e),
@@ -97,14 +100,7 @@ fn batch_rows(file: &File, footer: &IpcFooter) -> std::result::Result<Vec<u64>, 
                 return Err(bad(i, "past the end of the file"));
             }
             let data = read_at(file, offset, meta)?;
-            // A message is an optional continuation marker, its length, then the
-            // flatbuffer (the layout arrow's own reader parses).
-            let body = if data[..4] == [0xff; 4] {
-                &data[8..]
-            } else {
-                &data[4..]
-            };
-            let message = arrow::ipc::root_as_message(body)
+            let message = arrow::ipc::root_as_message(flatbuffer(&data)?)
                 .map_err(|e| bad(i, &format!("unreadable message header: {e}")))?;
             let batch = message
                 .header_as_record_batch()
@@ -112,6 +108,18 @@ fn batch_rows(file: &File, footer: &IpcFooter) -> std::result::Result<Vec<u64>, 
             u64::try_from(batch.length()).map_err(|_| bad(i, "negative row count"))
         })
         .collect()
+}
+
+/// The flatbuffer of a message's metadata `meta`: after an optional continuation marker
+/// and the length (the layout arrow's own reader parses).
+fn flatbuffer(meta: &[u8]) -> std::result::Result<&[u8], ArrowError> {
+    match meta {
+        [0xff, 0xff, 0xff, 0xff, _, _, _, _, rest @ ..] => Ok(rest),
+        [_, _, _, _, rest @ ..] => Ok(rest),
+        _ => Err(ArrowError::IpcError(
+            "a message shorter than its prefix".into(),
+        )),
+    }
 }
 
 /// What an Arrow IPC file's footer says, parsed when the file is opened: a unit (one record
@@ -201,7 +209,13 @@ pub(super) fn read_ipc_file(
         if offset.checked_add(len).is_none_or(|e| e > end) {
             return Err(bad("block past the end"));
         }
-        read_at(file, offset, len as usize)
+        let data = read_at(file, offset, len as usize)?;
+        // Arrow's decoder trusts the header's buffer offsets and row counts: checked first,
+        // as pushed messages are (a forged count could ask for any allocation).
+        let (meta, body) = data.split_at(b.metaDataLength() as usize);
+        hydrant_flight::check_ipc_message(flatbuffer(meta)?, body.len(), MAX_ROWS as i64)
+            .map_err(|e| bad(&e))?;
+        Ok(data)
     };
     for block in &footer.dictionaries {
         decoder.read_dictionary(block, &block_data(&file, block)?)?;
@@ -431,18 +445,90 @@ mod tests {
         let block = footer.batches[0];
         let (at, len) = (block.offset() as usize, block.metaDataLength() as usize);
         // The row count is in the header twice (the batch's and its column's), as i64s.
-        let (from, to) = ((rows as i64).to_le_bytes(), (1i64 << 62).to_le_bytes());
+        assert!(patch_i64(&mut bytes, at..at + len, rows as i64, 1 << 62) > 0);
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Inputs::open(&[path], 1024).err().unwrap().to_string();
+        assert!(err.contains("huge.arrow"), "{err}");
+        assert!(err.contains("rows hydrant numbers"), "{err}");
+    }
+
+    /// Replaces every little-endian `from` in `bytes[range]` with `to`; how many it did.
+    fn patch_i64(bytes: &mut [u8], range: std::ops::Range<usize>, from: i64, to: i64) -> usize {
+        let (from, to) = (from.to_le_bytes(), to.to_le_bytes());
         let mut patched = 0;
-        for i in at..at + len - 8 {
+        for i in range.start..range.end - 8 {
             if bytes[i..i + 8] == from {
                 bytes[i..i + 8].copy_from_slice(&to);
                 patched += 1;
             }
         }
-        assert!(patched > 0);
-        std::fs::write(&path, &bytes).unwrap();
+        patched
+    }
+
+    /// A batch whose header puts a buffer past its body (which made arrow's decoder panic,
+    /// and with it the worker reading the file) is an error naming the file: a file's batch
+    /// is checked before it is decoded, a stream's decoding is guarded.
+    #[test]
+    fn a_buffer_past_its_body_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let values = Int64Array::from_iter_values(0..1000);
+        let batch = RecordBatch::try_from_iter([("x", Arc::new(values) as _)]).unwrap();
+
+        let file = dir.path().join("forged.arrow");
+        let mut bytes = write_file(&file, std::slice::from_ref(&batch));
+        let block = ipc_footer(&File::open(&file).unwrap()).unwrap().batches[0];
+        let (at, len) = (block.offset() as usize, block.metaDataLength() as usize);
+        // The values buffer's length (the message's body length is 8000 too: left alone).
+        let (buffer, forged) = (
+            [0i64.to_le_bytes(), 8000i64.to_le_bytes()].concat(),
+            1i64 << 40,
+        );
+        let i = (at..at + len)
+            .find(|&i| bytes[i..i + 16] == buffer[..])
+            .unwrap();
+        bytes[i + 8..i + 16].copy_from_slice(&forged.to_le_bytes());
+        std::fs::write(&file, &bytes).unwrap();
+        let inputs = Inputs::open(std::slice::from_ref(&file), 1024).unwrap();
+        let err = inputs
+            .read(&inputs.units()[0])
+            .unwrap()
+            .find_map(|b| b.err());
+        let err = err.expect("the forged batch is refused").to_string();
+        assert!(
+            err.contains("forged.arrow") && err.contains("a buffer at bytes"),
+            "{err}"
+        );
+
+        let stream = dir.path().join("forged.arrows");
+        let mut w = StreamWriter::try_new(File::create(&stream).unwrap(), &batch.schema()).unwrap();
+        w.write(&batch).unwrap();
+        w.finish().unwrap();
+        let mut bytes = std::fs::read(&stream).unwrap();
+        let i = (0..bytes.len() - 16)
+            .find(|&i| bytes[i..i + 16] == buffer[..])
+            .unwrap();
+        bytes[i + 8..i + 16].copy_from_slice(&forged.to_le_bytes());
+        std::fs::write(&stream, &bytes).unwrap();
+        let err = Inputs::open(&[stream], 1024).err().unwrap().to_string();
+        assert!(
+            err.contains("forged.arrows") && err.contains("cannot be decoded"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    /// Two columns of one name: which one a pipeline reads would be anyone's guess.
+    #[test]
+    fn an_input_with_two_columns_of_one_name_is_refused_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("twice.arrow");
+        let x: arrow::array::ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
+        let batch = RecordBatch::try_from_iter([("x", x.clone()), ("y", x.clone()), ("x", x)]);
+        write_file(&path, &[batch.unwrap()]);
         let err = Inputs::open(&[path], 1024).err().unwrap().to_string();
-        assert!(err.contains("huge.arrow"), "{err}");
-        assert!(err.contains("rows hydrant numbers"), "{err}");
+        assert!(
+            err.contains("twice.arrow") && err.contains("two columns named `x`"),
+            "{err}"
+        );
     }
 }

@@ -354,10 +354,17 @@ impl Iterator for Numbered {
             return None;
         }
         let b = loop {
-            match self.batches.next() {
+            // A corrupt file can make arrow's or parquet's decoder panic: that is this
+            // read's error, naming the file, not a panic of the worker that read it.
+            let next = hydrant_flight::decode_quietly(|| self.batches.next());
+            let next = match next {
+                Ok(next) => next,
+                Err(panic) => return self.fail(format!("its data cannot be decoded: {panic}")),
+            };
+            match next {
                 Some(Ok(b)) if b.num_rows() == 0 => continue,
                 Some(Ok(b)) => break b,
-                Some(Err(e)) => return self.fail(one_line(e)),
+                Some(Err(e)) => return self.fail(ipc::reason(e)),
                 None if self.row < self.end => {
                     return self.fail(format!(
                         "holds fewer rows than its footer said when it was opened ({} of {}): \
@@ -460,10 +467,11 @@ fn open_file(path: &Path) -> Result<InputFile> {
         let options = ArrowReaderOptions::new()
             .with_column_stats_policy(ParquetStatisticsPolicy::SkipAll)
             .with_size_stats_policy(ParquetStatisticsPolicy::SkipAll);
-        let reader = ArrowReaderMetadata::load(&file, options)
+        let reader = hydrant_flight::decode_quietly(|| ArrowReaderMetadata::load(&file, options))
+            .map_err(|panic| err(format!("not a readable Parquet file: {panic}")))?
             .map_err(|e| err(format!("not a readable Parquet file: {}", one_line(e))))?;
         let schema = reader.schema().clone();
-        no_row_id(path, &schema)?;
+        check_columns(path, &schema)?;
         return Ok(InputFile {
             path: path.into(),
             len: meta.len(),
@@ -498,13 +506,28 @@ fn count(row: u64, rows: u64, f: &InputFile) -> Result<u64> {
         })
 }
 
-/// Inputs may not carry the column hydrant adds.
-fn no_row_id(path: &Path, schema: &Schema) -> Result<()> {
+/// What is wrong with the columns of an input (a file's, or a pushed batch's), if
+/// anything: it may not carry the column hydrant adds, nor two columns of one name (which
+/// one a pipeline read would be anyone's guess).
+pub(crate) fn column_problem(schema: &Schema) -> Option<String> {
     if schema.index_of(ROW_ID).is_ok() {
-        return Err(Error::Input {
-            path: path.into(),
-            reason: format!("has a column named `{ROW_ID}`, which hydrant adds itself"),
-        });
+        return Some(format!(
+            "has a column named `{ROW_ID}`, which hydrant adds itself"
+        ));
     }
-    Ok(())
+    let mut names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    names.sort_unstable();
+    let twice = names.windows(2).find(|w| w[0] == w[1])?;
+    Some(format!("has two columns named `{}`", one_line(twice[0])))
+}
+
+/// An input's columns, checked (see [`column_problem`]).
+fn check_columns(path: &Path, schema: &Schema) -> Result<()> {
+    match column_problem(schema) {
+        Some(reason) => Err(Error::Input {
+            path: path.into(),
+            reason,
+        }),
+        None => Ok(()),
+    }
 }
