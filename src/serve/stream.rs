@@ -189,6 +189,11 @@ impl Consumer {
                     if superseded {
                         return Some(Err(self.superseded()));
                     }
+                    // A rank that has its whole epoch ends cleanly, whatever became of the
+                    // run after (another rank's worker failing, say).
+                    if self.run.steps.is_some_and(|n| self.next >= n) {
+                        return None;
+                    }
                     return self
                         .run
                         .failure()
@@ -216,12 +221,6 @@ impl Consumer {
             return None;
         }
         let steps = self.run.steps;
-        // A rank that has its whole epoch ends cleanly, whatever happens to the run after
-        // (another rank's worker failing, say): its client holds every step.
-        if steps.is_some_and(|n| self.next >= n) {
-            self.ended = true;
-            return None;
-        }
         match self.next_batch().await {
             // Steps come in order from `start_step`; a gap would be rows lost unseen.
             Some(Ok(rb)) if rb.meta.step != self.next => {
