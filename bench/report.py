@@ -108,6 +108,8 @@ def e2e_section(e2e, args, charts, targets):
     sizes = sorted({int(k.split("|")[1]) for k in e2e})
     headline = sizes[len(sizes) // 2] if len(sizes) > 2 else sizes[-1]
     cell = lambda name, rows, key: med(e2e.get(f"{name}|{rows}", []), key)  # noqa: E731
+    # As the section's own runs say: a later run of other sections may have had other --reps.
+    reps = max(len(runs) for runs in e2e.values())
     lines = [
         "## End to end: the Criteo job to training batches for 2 ranks",
         "",
@@ -129,7 +131,7 @@ def e2e_section(e2e, args, charts, targets):
         "process as the harness saw it (interpreter and JVM start included); *peak* is the "
         "largest RSS of the process tree (sampled every 5 ms; for hydrant, at least its own "
         "VmHWM); *settled* is the median of the tree's RSS over the second half of the run (where a long run's memory sits; a peak is the largest of many samples of a fluctuating figure, so it creeps up with a run's length). *×* is the peer's median over hydrant hash's (higher: hydrant is faster or "
-        f"smaller). Repetitions: {args.reps} (a system whose run took over a minute at a size "
+        f"smaller). Repetitions: {reps} (a system whose run took over a minute at a size "
         f"ran once there; Spark pandas_udf and udf ran up to {args.spark_udf_max_rows:,} rows).",
         "",
     ]
