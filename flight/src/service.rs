@@ -677,10 +677,8 @@ impl FlightService for FlightServer {
                 Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
             }
             "end_ingest" => {
-                let name = std::str::from_utf8(&request.get_ref().body).map_err(|_| {
-                    Status::invalid_argument("end_ingest: body must be the pipeline name")
-                })?;
-                let p = self.pipeline(name)?.clone();
+                let name = end_ingest_pipeline(&request.get_ref().body)?;
+                let p = self.pipeline(&name)?.clone();
                 tokio::task::spawn_blocking(move || p.end_input())
                     .await
                     .map_err(|e| Status::internal(e.to_string()))??;
@@ -762,4 +760,26 @@ impl FlightService for FlightServer {
         });
         Ok(Response::new(Box::pin(stream::iter(actions))))
     }
+}
+
+/// The pipeline an `end_ingest` body names: the name itself, or JSON `{"pipeline": NAME}`
+/// as the other actions take (a name never starts with `{`).
+fn end_ingest_pipeline(body: &[u8]) -> Result<String, Status> {
+    let bad = || {
+        Status::invalid_argument(
+            "end_ingest: body must be the pipeline name, or JSON {\"pipeline\": NAME}",
+        )
+    };
+    let text = std::str::from_utf8(body).map_err(|_| bad())?;
+    if !text.trim_start().starts_with('{') {
+        return Ok(text.to_string());
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        pipeline: String,
+    }
+    serde_json::from_str::<Body>(text)
+        .map(|b| b.pipeline)
+        .map_err(|_| bad())
 }

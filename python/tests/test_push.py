@@ -128,6 +128,21 @@ def test_a_batch_with_two_columns_of_one_name_is_refused_whole(pushed):
     assert client.push("criteo_hash", table.slice(0, 100))[0]["rows"] == 100
 
 
+def test_end_ingest_takes_the_name_or_json_as_the_other_actions_do(pushed):
+    """A JSON body used to be taken for a pipeline's name: NOT_FOUND, hiding the mistake."""
+    server, table = pushed
+    client = Client(server.uri)
+    raw = flight.connect(server.uri)
+    with pytest.raises(pa.ArrowInvalid, match="end_ingest: body must be"):
+        list(raw.do_action(flight.Action("end_ingest", b'{"pipe": "criteo_hash"}')))
+    assert client.push("criteo_hash", table.slice(0, 10))[0]["rows"] == 10
+    got, readers = start_readers(client)
+    list(raw.do_action(flight.Action("end_ingest", b'{"pipeline": "criteo_hash"}')))
+    for t in readers:
+        t.join(timeout=60)
+    assert client.status()["pipelines"][0]["pushed"]["ended"]
+
+
 def test_a_batch_with_an_unusable_label_is_refused_whole(pushed):
     """A null (or NaN) label used to be acknowledged and reach the trainers; now the batch
     is refused before it is acknowledged, naming the row, and the next batch takes its

@@ -31,6 +31,7 @@ pub(super) fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile>
         path: path.into(),
         reason: one_line(e),
     })?;
+    let modified = file.metadata().and_then(|m| m.modified()).ok();
     let (schema, batches, footer) = if stream {
         // Counting decodes the stream, which may be corrupt: a panic in arrow is its error.
         let counted = hydrant_flight::decode_quietly(|| count_stream(path, file))
@@ -51,6 +52,7 @@ pub(super) fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile>
     Ok(InputFile {
         path: path.into(),
         len,
+        modified,
         schema,
         format: Format::Ipc { batches, footer },
     })
@@ -415,6 +417,14 @@ mod tests {
         let mut fewer = write_file(&path, &batches()[..2]);
         fewer.resize(len, 0);
         std::fs::write(&path, &fewer).unwrap();
+        // Set apart from the time it was opened at (a coarse clock could give both one).
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1);
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(at)
+            .unwrap();
         let read = |u: usize| -> Result<Vec<u64>> {
             let mut ids = Vec::new();
             for b in inputs.read(&inputs.units()[u])? {
@@ -428,6 +438,10 @@ mod tests {
         for u in [1, 2] {
             let err = read(u).err().unwrap().to_string();
             assert!(err.contains("f.arrow"), "{err}");
+            assert!(
+                err.contains("(it was modified after it was opened)"),
+                "{err}"
+            );
         }
     }
 

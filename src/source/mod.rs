@@ -5,6 +5,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use arrow::array::{RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -41,6 +42,8 @@ struct InputFile {
     path: PathBuf,
     /// Its size when opened: a later read of another size means it changed.
     len: u64,
+    /// When it was last modified, as of its opening (said beside an error reading it).
+    modified: Option<SystemTime>,
     format: Format,
     schema: SchemaRef,
 }
@@ -271,18 +274,21 @@ impl Inputs {
             ),
             (p, _) => p.clone(),
         };
-        let path = f.path.clone();
+        let (path, modified) = (f.path.clone(), f.modified);
         let input_err = move |e: &dyn std::fmt::Display| Error::Input {
             path: path.clone(),
-            reason: one_line(e),
+            reason: format!("{}{}", one_line(e), modified_since(&path, modified)),
         };
         let file = open_regular(&f.path).map_err(|e| input_err(&e))?;
         let len = file.metadata().map_err(|e| input_err(&e))?.len();
         if len != f.len {
-            return Err(input_err(&format!(
-                "is {len} bytes, {} when it was opened: it was truncated or rewritten since",
-                f.len
-            )));
+            return Err(Error::Input {
+                path: f.path.clone(),
+                reason: format!(
+                    "is {len} bytes, {} when it was opened: it was truncated or rewritten since",
+                    f.len
+                ),
+            });
         }
         let batches: Box<
             dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send,
@@ -317,6 +323,7 @@ impl Inputs {
             seq: unit.first_seq,
             end: unit.first_row + unit.rows,
             path: f.path.clone(),
+            modified: f.modified,
             done: false,
         }))
     }
@@ -333,6 +340,7 @@ struct Numbered {
     seq: u64,
     end: u64,
     path: PathBuf,
+    modified: Option<SystemTime>,
     done: bool,
 }
 
@@ -340,9 +348,21 @@ impl Numbered {
     fn fail(&mut self, reason: String) -> Option<Result<Batch>> {
         self.done = true;
         Some(Err(Error::Input {
+            reason: format!("{reason}{}", modified_since(&self.path, self.modified)),
             path: self.path.clone(),
-            reason,
         }))
+    }
+}
+
+/// What to say beside an error reading `path`: that it was modified after it was opened
+/// (at `opened`), when it was — a file rewritten in place at its old length fails as
+/// whatever its new bytes are, which alone would not say why.
+fn modified_since(path: &Path, opened: Option<SystemTime>) -> &'static str {
+    let now = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    if opened.is_some() && now != opened {
+        " (it was modified after it was opened)"
+    } else {
+        ""
     }
 }
 
@@ -475,6 +495,7 @@ fn open_file(path: &Path) -> Result<InputFile> {
         return Ok(InputFile {
             path: path.into(),
             len: meta.len(),
+            modified: meta.modified().ok(),
             schema,
             format: Format::Parquet { reader },
         });
