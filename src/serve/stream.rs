@@ -84,8 +84,9 @@ impl Consumer {
 
     /// Drains the ranks of this run that no stream reads: a trainer that has waited
     /// its `absent_after` may be waiting on a rank whose queue is full because no one reads
-    /// it (one rank read alone, a trainer that has not come, or one that went away). Only file input's runs: a
-    /// rank that comes later catches up on a run of its own, which pushed rows cannot.
+    /// it (one rank read alone, a trainer that has not come, or one that went away). Only
+    /// file input's runs: a rank that comes later catches up on a run of its own, which
+    /// pushed rows cannot.
     fn let_unread_ranks_go(&self) {
         for rank in (0..self.run.ranks()).filter(|&r| r != self.rank) {
             if let Some(attached) = self.run.drain_if_unread(rank) {
