@@ -126,6 +126,13 @@ impl ServedPipeline {
                     })
                 });
                 if go && let Err(e) = runtime::execute(job, &cluster, || {}) {
+                    // A run let go (no one reads it) ends with its sends refused: not news.
+                    if !stop.is_cancelled() {
+                        let only = only.map(|r| format!(" (rank {r})")).unwrap_or_default();
+                        hydrant_operators::log_line!(
+                            "hydrant: the run of epoch {epoch}{only} failed: {e}"
+                        );
+                    }
                     errors.set("run", e);
                 }
                 ended.cancel();
