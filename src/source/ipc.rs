@@ -378,6 +378,25 @@ mod tests {
         std::fs::read(path).unwrap()
     }
 
+    /// Where record batch `k`'s message header lies in the IPC file at `path`.
+    fn header(path: &Path, k: usize) -> std::ops::Range<usize> {
+        let block = ipc_footer(&File::open(path).unwrap()).unwrap().batches[k];
+        let at = block.offset() as usize;
+        at..at + block.metaDataLength() as usize
+    }
+
+    /// Replaces every `from` in `bytes[range]` with `to` (as long); how many it replaced.
+    fn patch(bytes: &mut [u8], range: std::ops::Range<usize>, from: &[u8], to: &[u8]) -> usize {
+        let mut patched = 0;
+        for i in range.start..range.end - from.len() {
+            if bytes[i..i + from.len()] == *from {
+                bytes[i..i + to.len()].copy_from_slice(to);
+                patched += 1;
+            }
+        }
+        patched
+    }
+
     /// A footer whose batch holds no readable message header is refused when the file is
     /// opened, saying which batch.
     #[test]
@@ -385,10 +404,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.arrow");
         let mut bytes = write_file(&path, &batches());
-        let footer = ipc_footer(&File::open(&path).unwrap()).unwrap();
-        let block = footer.batches[2];
-        let (at, len) = (block.offset() as usize, block.metaDataLength() as usize);
-        bytes[at + 8..at + len].fill(0xab);
+        let at = header(&path, 2);
+        bytes[at.start + 8..at.end].fill(0xab);
         std::fs::write(&path, &bytes).unwrap();
         let err = Inputs::open(std::slice::from_ref(&path), 1024)
             .err()
@@ -455,28 +472,13 @@ mod tests {
         let values = arrow::array::Int8Array::from(vec![1; rows]);
         let batch = RecordBatch::try_from_iter([("x", Arc::new(values) as _)]).unwrap();
         let mut bytes = write_file(&path, &[batch]);
-        let footer = ipc_footer(&File::open(&path).unwrap()).unwrap();
-        let block = footer.batches[0];
-        let (at, len) = (block.offset() as usize, block.metaDataLength() as usize);
         // The row count is in the header twice (the batch's and its column's), as i64s.
-        assert!(patch_i64(&mut bytes, at..at + len, rows as i64, 1 << 62) > 0);
+        let (from, to) = ((rows as i64).to_le_bytes(), (1i64 << 62).to_le_bytes());
+        assert!(patch(&mut bytes, header(&path, 0), &from, &to) > 0);
         std::fs::write(&path, &bytes).unwrap();
         let err = Inputs::open(&[path], 1024).err().unwrap().to_string();
         assert!(err.contains("huge.arrow"), "{err}");
         assert!(err.contains("rows hydrant numbers"), "{err}");
-    }
-
-    /// Replaces every little-endian `from` in `bytes[range]` with `to`; how many it did.
-    fn patch_i64(bytes: &mut [u8], range: std::ops::Range<usize>, from: i64, to: i64) -> usize {
-        let (from, to) = (from.to_le_bytes(), to.to_le_bytes());
-        let mut patched = 0;
-        for i in range.start..range.end - 8 {
-            if bytes[i..i + 8] == from {
-                bytes[i..i + 8].copy_from_slice(&to);
-                patched += 1;
-            }
-        }
-        patched
     }
 
     /// A batch whose header puts a buffer past its body (which made arrow's decoder panic,
@@ -490,17 +492,11 @@ mod tests {
 
         let file = dir.path().join("forged.arrow");
         let mut bytes = write_file(&file, std::slice::from_ref(&batch));
-        let block = ipc_footer(&File::open(&file).unwrap()).unwrap().batches[0];
-        let (at, len) = (block.offset() as usize, block.metaDataLength() as usize);
-        // The values buffer's length (the message's body length is 8000 too: left alone).
-        let (buffer, forged) = (
-            [0i64.to_le_bytes(), 8000i64.to_le_bytes()].concat(),
-            1i64 << 40,
-        );
-        let i = (at..at + len)
-            .find(|&i| bytes[i..i + 16] == buffer[..])
-            .unwrap();
-        bytes[i + 8..i + 16].copy_from_slice(&forged.to_le_bytes());
+        // The values buffer (offset 0, length 8000) made 2^40 bytes long; the message's
+        // body length, 8000 too, is left alone.
+        let buffer = [0i64.to_le_bytes(), 8000i64.to_le_bytes()].concat();
+        let forged = [0i64.to_le_bytes(), (1i64 << 40).to_le_bytes()].concat();
+        assert!(patch(&mut bytes, header(&file, 0), &buffer, &forged) > 0);
         std::fs::write(&file, &bytes).unwrap();
         let inputs = Inputs::open(std::slice::from_ref(&file), 1024).unwrap();
         let err = inputs
@@ -518,10 +514,8 @@ mod tests {
         w.write(&batch).unwrap();
         w.finish().unwrap();
         let mut bytes = std::fs::read(&stream).unwrap();
-        let i = (0..bytes.len() - 16)
-            .find(|&i| bytes[i..i + 16] == buffer[..])
-            .unwrap();
-        bytes[i + 8..i + 16].copy_from_slice(&forged.to_le_bytes());
+        let all = 0..bytes.len();
+        assert!(patch(&mut bytes, all, &buffer, &forged) > 0);
         std::fs::write(&stream, &bytes).unwrap();
         let err = Inputs::open(&[stream], 1024).err().unwrap().to_string();
         assert!(
