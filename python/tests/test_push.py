@@ -363,7 +363,8 @@ def test_sigterm_stops_a_server_whose_producer_waits_for_queue_space(tmp_path, d
     import time
 
     s = pushed_server(tmp_path, data, "--ranks", "1", "--batch-size", "8")
-    rows = pq.read_table(data[0]).slice(0, 40)
+    # Far more steps than the queue, the dataflow and the channel into it hold together.
+    rows = pq.read_table(data[0]).slice(0, 800)
     producer = threading.Thread(
         target=lambda: Client(s.uri).push("criteo_hash", rows.to_batches(8)), daemon=True
     )

@@ -266,7 +266,7 @@ pub(crate) fn step_runs(placement: &Placement, rank: usize, piece: &Piece) -> Re
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use arrow::array::{AsArray, FixedSizeListArray, Float32Array, UInt64Array};
@@ -279,7 +279,7 @@ mod tests {
     use crate::delivery::placement::LastBatch;
     use crate::delivery::plan::EpochPlan;
 
-    fn schema() -> Schema {
+    pub(crate) fn schema() -> Schema {
         let item = Arc::new(Field::new("item", DataType::Float32, false));
         Schema::new(vec![
             Field::new(ROW_ID, DataType::UInt64, false),
@@ -288,7 +288,7 @@ mod tests {
     }
 
     /// Rows `first..first+n`, with features (row, -row).
-    fn rows(first: u64, n: usize) -> RecordBatch {
+    pub(crate) fn rows(first: u64, n: usize) -> RecordBatch {
         let ids: Vec<u64> = (first..first + n as u64).collect();
         let values: Vec<f32> = ids.iter().flat_map(|&r| [r as f32, -(r as f32)]).collect();
         let item = Arc::new(Field::new("item", DataType::Float32, false));
@@ -449,99 +449,5 @@ mod tests {
         owner.push(&pieces[0]).unwrap();
         let err = owner.push(&pieces[0]).unwrap_err().to_string();
         assert!(err.contains("twice"), "{err}");
-    }
-
-    #[test]
-    fn a_stream_pads_its_last_step_when_it_ends() {
-        let placement = Placement::new(2, 4, LastBatch::Pad, 0, Some(5)).unwrap();
-        let mut cutter = crate::delivery::StreamCutter::new(placement, &schema(), 1).unwrap();
-        let mut out = Vec::new();
-        for k in 0..3 {
-            cutter.push(rows(k * 7, 7), &mut out).unwrap();
-        }
-        // 21 rows, 20 in full windows: two full steps of 8, and rank 0's part of the third.
-        assert_eq!(out.len(), 5);
-        assert_eq!(cutter.end(&mut out).unwrap(), 0);
-        assert_eq!(out.len(), 6);
-        let mut seen: Vec<u64> = out
-            .iter()
-            .flat_map(|rb| {
-                rb.data()
-                    .column(0)
-                    .as_primitive::<UInt64Type>()
-                    .values()
-                    .to_vec()
-            })
-            .filter(|&id| id != u64::MAX)
-            .collect();
-        seen.sort();
-        assert_eq!(seen, (0..21).collect::<Vec<_>>());
-        assert_eq!(out.iter().map(|rb| rb.meta.padded_rows).sum::<usize>(), 3);
-        // Each batch names the positions its rows came from (row ids are positions here):
-        // the windows of 5 holding its output indices, cut at the 21 rows there are.
-        for rb in &out {
-            let [first, end] = rb.meta.positions.unwrap();
-            let ids = rb.data().column(0).as_primitive::<UInt64Type>();
-            for &id in ids.values().iter().filter(|&&id| id != u64::MAX) {
-                assert!((first..end).contains(&id), "{id} outside {first}..{end}");
-            }
-            assert_eq!(first % 5, 0);
-            assert!(end % 5 == 0 || end == 21, "{end}");
-        }
-        let last = out.last().unwrap().meta;
-        assert_eq!(
-            (last.step, last.rank, last.positions),
-            (2, 1, Some([20, 21]))
-        );
-    }
-
-    #[test]
-    fn an_unshuffled_stream_names_exactly_its_rows_positions() {
-        let placement = Placement::new(2, 4, LastBatch::Pad, 0, None).unwrap();
-        let mut cutter = crate::delivery::StreamCutter::new(placement, &schema(), 1).unwrap();
-        let mut out = Vec::new();
-        cutter.push(rows(0, 13), &mut out).unwrap();
-        cutter.end(&mut out).unwrap();
-        let got: Vec<_> = out
-            .iter()
-            .map(|rb| (rb.meta.step, rb.meta.rank, rb.meta.positions.unwrap()))
-            .collect();
-        let want = [
-            (0, 0, [0, 4]),
-            (0, 1, [4, 8]),
-            (1, 0, [8, 12]),
-            (1, 1, [12, 13]),
-        ];
-        assert_eq!(got, want);
-    }
-
-    #[test]
-    fn a_stream_resumed_at_a_step_delivers_the_same_steps_from_there() {
-        let placement = Placement::new(2, 4, LastBatch::Pad, 3, Some(5)).unwrap();
-        let cut = |from_step: u64, chunk: u64| {
-            let mut cutter =
-                crate::delivery::StreamCutter::from_step(placement, &schema(), 1, from_step)
-                    .unwrap();
-            let mut first = cutter.first_row(from_step);
-            let mut out = Vec::new();
-            while first < 61 {
-                let n = chunk.min(61 - first);
-                cutter.push(rows(first, n as usize), &mut out).unwrap();
-                first += n;
-            }
-            cutter.end(&mut out).unwrap();
-            assert_eq!(cutter.steps_cut(), 8);
-            out
-        };
-        let whole = cut(0, 7);
-        // Step 3 starts at position 24, in the window of positions 20..25.
-        let resumed = cut(3, 6);
-        let key = |rb: &RankBatch| (rb.meta.step, rb.meta.rank, rb.meta.padded_rows);
-        let want: Vec<_> = whole.iter().filter(|rb| rb.meta.step >= 3).collect();
-        assert_eq!(resumed.len(), want.len());
-        for (got, want) in resumed.iter().zip(want) {
-            assert_eq!(key(got), key(want));
-            assert_eq!(got.data(), want.data());
-        }
     }
 }

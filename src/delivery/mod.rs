@@ -20,7 +20,6 @@ mod piece;
 mod place;
 mod placement;
 mod plan;
-mod stream;
 mod window;
 mod wire;
 
@@ -29,14 +28,15 @@ use std::sync::Arc;
 
 pub use arena::Arena;
 pub use assemble::Assembler;
+#[cfg(test)]
+pub(crate) use assemble::tests as assemble_tests;
 pub use batch::{IS_PADDING, RankBatch, StepMeta, delivery_schema};
-pub use own::own;
+pub use own::{Owning, own};
 pub use permute::Permutation;
 pub use piece::{Piece, rank_rows, split, split_at};
 pub use place::PlaceRows;
 pub use placement::{LastBatch, ORDER_VERSION, Place, Placement};
 pub use plan::{EpochPlan, Ownership, Read};
-pub use stream::StreamCutter;
 pub use wire::Pieces;
 
 /// What to deliver: epochs `start_epoch..epochs`, the first from `start_step` on.

@@ -20,7 +20,7 @@
 //! a slower rank's trainer waits for (its all-reduce would wait forever).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow::datatypes::Schema;
 use hydrant_operators::ErrorSlot;
@@ -33,15 +33,80 @@ use super::Delivery;
 use super::arena::Arena;
 use super::assemble::Assembler;
 use super::batch::RankBatch;
+use super::placement::Placement;
 use super::wire::Pieces;
 use crate::error::Result;
+
+/// What owners assemble: the epochs of a run over files, or one endless stream.
+#[derive(Debug, Clone)]
+pub enum Owning {
+    /// Epochs of a known number of rows.
+    Epochs(Delivery),
+    /// A stream (pushed or followed input), placed by `placement` (its stream form) from
+    /// step `start_step` on. `end` is set to its rows once it ends, before the input
+    /// closes: owners then pad (or drop) its last step. An input that closes with `end`
+    /// unset was abandoned: the steps already complete go out, and nothing else.
+    Stream {
+        /// How the stream's rows are placed.
+        placement: Placement,
+        /// The first step delivered.
+        start_step: u64,
+        /// The stream's rows, once it ends.
+        end: Arc<OnceLock<u64>>,
+    },
+}
+
+impl Owning {
+    fn placement(&self) -> Placement {
+        match self {
+            Owning::Epochs(d) => *d.plan.placement(),
+            Owning::Stream { placement, .. } => *placement,
+        }
+    }
+
+    /// Rows of each epoch, `None` for a stream.
+    fn rows(&self) -> Option<u64> {
+        match self {
+            Owning::Epochs(d) => Some(d.plan.rows()),
+            Owning::Stream { .. } => None,
+        }
+    }
+
+    fn start(&self) -> (u64, u64) {
+        match self {
+            Owning::Epochs(d) => (d.start_epoch, d.start_step),
+            Owning::Stream { start_step, .. } => (0, *start_step),
+        }
+    }
+
+    fn epochs(&self) -> u64 {
+        match self {
+            Owning::Epochs(d) => d.epochs,
+            Owning::Stream { .. } => 1,
+        }
+    }
+
+    fn first_step(&self, epoch: u64) -> u64 {
+        match self {
+            Owning::Epochs(d) => d.first_step(epoch),
+            Owning::Stream { .. } => 0,
+        }
+    }
+
+    fn step_time(&self, epoch: u64, step: u64) -> u64 {
+        match self {
+            Owning::Epochs(d) => d.step_time(epoch, step),
+            Owning::Stream { placement, .. } => placement.step_time(step),
+        }
+    }
+}
 
 /// Assembles the steps of `ranks` (those this worker owns; the stream must bring it
 /// every piece of them), filling shuffled steps in `arena` when there is one. Errors go to
 /// `errors`, and the operator then lets go.
 pub fn own<'s>(
     stream: Stream<'s, u64, Pieces>,
-    delivery: Delivery,
+    delivery: Owning,
     arena: Option<Arc<Arena>>,
     ranks: Vec<usize>,
     output: Arc<Schema>,
@@ -52,9 +117,8 @@ pub fn own<'s>(
         Pipeline,
         "Own",
         move |cap, _| {
-            let start = (delivery.start_epoch, delivery.start_step);
-            let rows = Some(delivery.plan.rows());
-            let placement = *delivery.plan.placement();
+            let (start, rows, placement) =
+                (delivery.start(), delivery.rows(), delivery.placement());
             let made: Result<Vec<Owned>> = ranks
                 .iter()
                 .map(|&r| {
@@ -64,6 +128,7 @@ pub fn own<'s>(
                     Ok(Owned {
                         assembler,
                         cut: VecDeque::new(),
+                        abandoned: false,
                     })
                 })
                 .collect();
@@ -97,13 +162,30 @@ pub fn own<'s>(
                 let Some(c) = &mut cap else {
                     return;
                 };
+                if let Owning::Stream { end, .. } = &delivery {
+                    match end.get() {
+                        // Set before the last rows are sent: the last step is cut as the
+                        // stream's end says (a rank's part may be complete and dropped).
+                        Some(&rows) => owners.iter_mut().for_each(|o| o.assembler.end_stream(rows)),
+                        // Abandoned: what is complete goes out below, the rest is let go.
+                        None if frontier.is_empty() => {
+                            owners.iter_mut().for_each(|o| o.abandoned = true)
+                        }
+                        None => {}
+                    }
+                }
                 for o in &mut owners {
                     if let Err(e) = o.advance(&delivery) {
                         failed.get_or_insert(e.to_string());
                     }
                 }
-                // Lockstep: a step goes out once every rank here has it.
-                while !owners.is_empty() && owners.iter().all(|o| !o.cut.is_empty()) {
+                // Lockstep: a step goes out once every rank here has it (or, after an
+                // abandoned stream, once no rank here waits for any more).
+                let abandoned = owners.iter().all(|o| o.abandoned);
+                while !owners.is_empty()
+                    && owners.iter().any(|o| !o.cut.is_empty())
+                    && (abandoned || owners.iter().all(|o| !o.cut.is_empty()))
+                {
                     let mut session = output.session(&*c);
                     for o in &mut owners {
                         session.give_iterator(o.cut.pop_front().into_iter());
@@ -111,8 +193,9 @@ pub fn own<'s>(
                 }
                 let waiting = owners
                     .iter()
+                    .filter(|o| !o.abandoned)
                     .map(Owned::next)
-                    .filter(|&(epoch, _)| epoch < delivery.epochs)
+                    .filter(|&(epoch, _)| epoch < delivery.epochs())
                     .min();
                 if let Some((epoch, step)) =
                     waiting.filter(|_| failed.is_none() && frontier.is_empty())
@@ -140,6 +223,8 @@ pub fn own<'s>(
 struct Owned {
     assembler: Assembler,
     cut: VecDeque<RankBatch>,
+    /// Its stream was abandoned: it waits for no more rows.
+    abandoned: bool,
 }
 
 impl Owned {
@@ -151,11 +236,11 @@ impl Owned {
     }
 
     /// Cuts the steps that are complete, moving on through the epochs it finishes.
-    fn advance(&mut self, delivery: &Delivery) -> Result<()> {
+    fn advance(&mut self, delivery: &Owning) -> Result<()> {
         let mut out = Vec::new();
         loop {
             let (epoch, _) = self.assembler.next();
-            if epoch >= delivery.epochs {
+            if epoch >= delivery.epochs() {
                 break;
             }
             self.assembler.ready(&mut out)?;

@@ -33,7 +33,7 @@ use super::fate::{self, Fate};
 use super::gather::all_to_all;
 use super::read;
 use crate::delivery::{
-    Arena, Delivery, Ownership, Piece, PlaceRows, RankBatch, delivery_schema, own,
+    Arena, Delivery, Ownership, Owning, Piece, PlaceRows, RankBatch, delivery_schema, own,
 };
 use crate::error::{Error, Result};
 use crate::loader::LoaderFeed;
@@ -121,7 +121,7 @@ pub struct Channels {
 
 impl Channels {
     /// Sends `rb` to its rank's queue, waiting for room, unless the run is stopped.
-    fn send(&self, rb: RankBatch) -> Result<()> {
+    pub(super) fn send(&self, rb: RankBatch) -> Result<()> {
         let rank = rb.meta.rank;
         let Some(tx) = &self.senders[rank] else {
             return Ok(());
@@ -253,20 +253,43 @@ impl Report {
 
 /// Runs the job on `cluster` and waits for it; `on_tick` is called about ten times a
 /// second while it runs (for a progress bar).
-pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result<Report> {
+pub fn execute(job: Job, cluster: &Cluster, on_tick: impl FnMut()) -> Result<Report> {
     let layout = (cluster.process, cluster.workers);
     let errors = job.errors.clone();
-    let fate = Fate::default();
     let job = Arc::new(job);
+    let errors2 = errors.clone();
+    let reports = supervise(cluster, &errors, on_tick, move |worker| {
+        run_worker(worker, &job, layout, &errors2)
+    })?;
+    let mut total = Report::default();
+    for r in reports {
+        total.add(r);
+    }
+    if let Some(e) = errors.get() {
+        return Err(Error::Dataflow(e));
+    }
+    Ok(total)
+}
+
+/// Runs `work` on every worker of this process and waits for them; `on_tick` is called
+/// about ten times a second meanwhile. A worker's error goes to `errors` too; a worker's
+/// panic or a lost peer process ends the wait with one line, without joining the others.
+pub(super) fn supervise<T: Send + 'static>(
+    cluster: &Cluster,
+    errors: &ErrorSlot,
+    mut on_tick: impl FnMut(),
+    work: impl Fn(&mut Worker) -> Result<T> + Send + Sync + 'static,
+) -> Result<Vec<T>> {
+    let fate = Fate::default();
     // Each worker says when it is done, so the job ends the moment the last one does (a
     // sleep-and-check loop here once added 50 ms to every run on average).
     let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(cluster.workers);
-    let (job2, errors2, fate2) = (job.clone(), errors.clone(), fate.clone());
+    let (errors2, fate2) = (errors.clone(), fate.clone());
     let done_tx = std::sync::Mutex::new(done_tx);
     fate::install_hook();
     let guards = cluster.execute(move |worker| {
         fate::register_worker(&fate2);
-        let result = run_worker(worker, &job2, layout, &errors2);
+        let result = work(worker);
         if let Err(e) = &result {
             errors2.set("worker", e);
         }
@@ -292,14 +315,11 @@ pub fn execute(job: Job, cluster: &Cluster, mut on_tick: impl FnMut()) -> Result
         std::mem::forget(guards);
         return Err(Error::Dataflow(failure));
     }
-    let mut total = Report::default();
-    for r in guards.join() {
-        total.add(r.map_err(Error::Dataflow)??);
-    }
-    if let Some(e) = errors.get() {
-        return Err(Error::Dataflow(e));
-    }
-    Ok(total)
+    guards
+        .join()
+        .into_iter()
+        .map(|r| r.map_err(Error::Dataflow)?)
+        .collect()
 }
 
 /// Where one worker's rank batches go.
@@ -441,7 +461,7 @@ fn run_worker(
             .exchange(move |p: &Piece| ownership.worker(p.rank) as u64);
         own(
             pieces,
-            delivery.clone(),
+            Owning::Epochs(delivery.clone()),
             job.arena.clone(),
             mine,
             output_schema,

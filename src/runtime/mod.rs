@@ -7,7 +7,9 @@ mod dataflow;
 mod fate;
 mod gather;
 mod read;
+mod stream;
 
 pub use cluster::{Cluster, JOIN_TIMEOUT};
 pub use dataflow::{Channels, Job, OpenQueue, Output, RankQueue, Report, execute};
 pub use gather::gather;
+pub use stream::{Delivering, PushedRows};

@@ -21,9 +21,10 @@ use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use hydrant_flight::{RankStream, ServeError, Served};
-use hydrant_operators::{FeaturePlan, FittedState, Transformer};
+use hydrant_operators::{ErrorSlot, FeaturePlan, FittedState, Transformer};
 
-use crate::delivery::{Delivery, StreamCutter, delivery_schema};
+use crate::delivery::{Delivery, delivery_schema};
+use crate::runtime::{Channels, Delivering, PushedRows};
 use crate::source::Inputs;
 use crate::spec::PipelineSpec;
 
@@ -131,8 +132,20 @@ impl ServedPipeline {
             self.replay_bytes,
             Arc::from([]),
         );
+        let to = Delivering {
+            output: self.plan.output_schema(),
+            state_version: self.state.version,
+            channels: Channels {
+                senders,
+                stop: run.stop.clone(),
+            },
+            errors: run.errors.clone(),
+            workers: self.workers,
+        };
+        let placement = self.delivery.plan.placement().stream();
+        let steps_cut = ingest.counts.steps_cut.clone();
         let mut st = ingest.lock();
-        st.senders = Some(senders.into_iter().flatten().collect());
+        st.rows_out = Some(PushedRows::new(placement, first, steps_cut, to));
         st.errors = run.errors.clone();
         drop(st);
         *lock(&self.runs) = vec![run];
@@ -163,18 +176,10 @@ impl ServedPipeline {
         commit: &spool::Commit,
         state_dir: &std::path::Path,
     ) -> crate::Result<()> {
-        let cutter = StreamCutter::from_step(
-            self.delivery.plan.placement().stream(),
-            &self.plan.output_schema(),
-            self.state.version,
-            commit.step,
-        )?;
-        ingest
-            .resume(commit, cutter)
-            .map_err(|e| crate::Error::State {
-                path: state_dir.join(COMMIT_FILE),
-                reason: e.to_string(),
-            })?;
+        ingest.resume(commit).map_err(|e| crate::Error::State {
+            path: state_dir.join(COMMIT_FILE),
+            reason: e.to_string(),
+        })?;
         self.new_pushed_run(ingest, commit.step);
         Ok(())
     }
@@ -360,10 +365,8 @@ impl ServedPipeline {
         };
         let bound = plan.transformer(&state).ok();
         let event_time = spec.event_time.clone();
-        let cutter = StreamCutter::new(placement, &plan.output_schema(), state.version)?;
         let world = delivery.plan.world_size();
-        let (senders, run) = Run::new(0, 0, None, 0..world, None, REPLAY_BYTES, Arc::from([]));
-        Ok(ServedPipeline {
+        let served = ServedPipeline {
             // Smaller than a file pipeline's reads: a new file's first rows go out sooner.
             read_rows: spec.batch_rows.min(FOLLOW_READ_ROWS),
             follow: None,
@@ -376,8 +379,7 @@ impl ServedPipeline {
             ingest: Some(Arc::new(Pushed::new(
                 Ingest {
                     featurizer: PushFeaturizer::new(spec, state.clone(), plan.output_schema()),
-                    cutter,
-                    senders: Some(senders.into_iter().flatten().collect()),
+                    rows_out: None,
                     next_row: 0,
                     seq: 0,
                     dropped: 0,
@@ -385,7 +387,7 @@ impl ServedPipeline {
                     replaying: false,
                     skip_below: 0,
                     replay_failed: None,
-                    errors: run.errors.clone(),
+                    errors: ErrorSlot::default(),
                     end_record: None,
                     refresh,
                 },
@@ -402,13 +404,17 @@ impl ServedPipeline {
                 ..delivery
             },
             workers: 1,
-            runs: Arc::new(Mutex::new(vec![run])),
+            runs: Arc::default(),
             redact: Arc::from([]),
             shared_epochs: Arc::default(),
             local: 0..world,
             cluster: None,
             featurized: Default::default(),
-        })
+        };
+        if let Some(ingest) = &served.ingest {
+            served.new_pushed_run(ingest, 0);
+        }
+        Ok(served)
     }
 
     fn world(&self) -> usize {

@@ -12,14 +12,14 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use hydrant_flight::{Accepted, Origin, ServeError};
 use hydrant_operators::{FittedState, Transformer};
-use tokio::sync::mpsc::Sender;
 
 use super::fresh::Freshness;
 use super::refresh::{Known, Piece, Refresh};
 use super::run::lock;
 use super::spool::{Commit, Committer, Record, Replay, Spool};
 use super::stream::Runs;
-use crate::delivery::{Placement, RankBatch, StreamCutter};
+use crate::delivery::Placement;
+use crate::runtime::PushedRows;
 use crate::source::with_row_id;
 use crate::spec::PipelineSpec;
 
@@ -50,9 +50,9 @@ pub(super) struct Pushed {
 /// How batches are featurized, spooled and cut as they arrive.
 pub(super) struct Ingest {
     pub featurizer: PushFeaturizer,
-    pub cutter: StreamCutter,
-    /// Each rank's queue; `None` once the input is ended.
-    pub senders: Option<Vec<Sender<RankBatch>>>,
+    /// Where featurized rows go: the dataflow that places and assembles them into the
+    /// ranks' queues; `None` once the input is ended (or failed).
+    pub rows_out: Option<PushedRows>,
     pub next_row: u64,
     pub seq: u64,
     pub dropped: u64,
@@ -91,8 +91,8 @@ pub(super) struct PushCounts {
     pub committed: AtomicU64,
     /// Spool segments on disk.
     pub segments: AtomicU64,
-    /// Steps every rank has been given.
-    pub steps_cut: AtomicU64,
+    /// Steps every rank has been given (kept by the dataflow).
+    pub steps_cut: Arc<AtomicU64>,
     /// The first stream row refreshed statistics still count (a commit keeps the input
     /// from there on); `u64::MAX` when nothing is refreshed.
     pub counts_from: AtomicU64,
@@ -235,7 +235,7 @@ impl Pushed {
                 duplicate: true,
             });
         }
-        if st.senders.is_none() {
+        if st.rows_out.is_none() {
             return Err(ServeError::FailedPrecondition(
                 "the pushed input was ended (end_ingest)".into(),
             ));
@@ -290,16 +290,10 @@ impl Pushed {
             // Known before any of its rows can be delivered.
             let first = st.next_row + skip as u64;
             self.fresh.admitted(first, arrived.at, arrived.unit, newest);
-            let mut ranked = Vec::new();
-            for (batch, version) in featurized {
-                st.cutter
-                    .push_as(batch, version, &mut ranked)
-                    .map_err(|e| ServeError::Internal(e.to_string()))?;
-            }
-            let cut = st.cutter.steps_cut();
-            self.counts.steps_cut.store(cut, Ordering::SeqCst);
-            if let Some(senders) = &st.senders {
-                send_all(senders, ranked)?;
+            if let Some(out) = &mut st.rows_out {
+                for (batch, version) in featurized {
+                    out.push_as(batch, version).map_err(internal)?;
+                }
             }
         }
         st.next_row += rows;
@@ -334,7 +328,7 @@ impl Pushed {
                 "the input failed, so it cannot be ended: {why}"
             )));
         }
-        if st.senders.is_none() {
+        if st.rows_out.is_none() {
             return Ok(()); // ended already
         }
         if durable && let Some(spool) = &mut st.spool {
@@ -345,24 +339,21 @@ impl Pushed {
         if durable && let Some(record) = &mut st.end_record {
             record(st.next_row).map_err(|e| ServeError::Internal(e.to_string()))?;
         }
-        let mut ranked = Vec::new();
         if let Some(refresh) = &mut st.refresh {
             // Input shorter than the warmup: the first version is fitted on what came.
             let pieces = refresh.finish(st.skip_below)?;
-            for (batch, version) in featurize_pieces(&mut st.featurizer, pieces, st.next_row)? {
-                st.cutter
-                    .push_as(batch, version, &mut ranked)
-                    .map_err(|e| ServeError::Internal(e.to_string()))?;
+            let featurized = featurize_pieces(&mut st.featurizer, pieces, st.next_row)?;
+            if let Some(out) = &mut st.rows_out {
+                for (batch, version) in featurized {
+                    out.push_as(batch, version).map_err(internal)?;
+                }
             }
         }
-        let senders = st.senders.take().unwrap_or_default();
-        st.dropped = st
-            .cutter
-            .end(&mut ranked)
-            .map_err(|e| ServeError::Internal(e.to_string()))?;
-        let cut = st.cutter.steps_cut();
-        self.counts.steps_cut.store(cut, Ordering::SeqCst);
-        send_all(&senders, ranked)?;
+        let mut out = st.rows_out.take();
+        st.dropped = out
+            .as_mut()
+            .map_or(Ok(0), PushedRows::end)
+            .map_err(internal)?;
         self.counts.dropped.store(st.dropped, Ordering::Relaxed);
         self.counts.ended.store(true, Ordering::Relaxed);
         for run in lock(runs).iter() {
@@ -469,8 +460,10 @@ impl Pushed {
 
     /// Starts from `commit` (read back from the state directory) instead of row 0: the
     /// first step is the committed one, and producers' sequence numbers are known.
-    pub fn resume(&self, commit: &Commit, cutter: StreamCutter) -> Result<(), ServeError> {
-        if cutter.first_row(commit.step) != commit.row {
+    pub fn resume(&self, commit: &Commit) -> Result<(), ServeError> {
+        let placement = &self.placement;
+        let first_row = placement.window_start(commit.step.saturating_mul(placement.step_rows()));
+        if first_row != commit.row {
             return Err(ServeError::FailedPrecondition(format!(
                 "the commit of step {} was made with another batch size, world size or \
                  shuffle window; serve with those (or start with an empty --state-dir)",
@@ -478,7 +471,6 @@ impl Pushed {
             )));
         }
         let mut st = lock(&self.state);
-        st.cutter = cutter;
         st.skip_below = commit.row;
         *lock(&self.admitted) = commit.admitted.clone().into_iter().collect();
         lock(&self.commits).last = Some(commit.step);
@@ -544,7 +536,7 @@ fn fail_locked(st: &mut Ingest, counts: &PushCounts, why: String) {
     *lock(&counts.replay_failed) = Some(why.clone());
     st.errors.set("input", &why);
     st.replay_failed = Some(why);
-    st.senders = None;
+    st.rows_out = None;
 }
 
 /// When a batch arrived, and whether it begins a unit whose freshness is timed (a pushed
@@ -555,15 +547,9 @@ struct Arrival {
     unit: bool,
 }
 
-/// Hands each rank batch to its rank's queue, waiting while it is full.
-fn send_all(senders: &[Sender<RankBatch>], ranked: Vec<RankBatch>) -> Result<(), ServeError> {
-    for rb in ranked {
-        let rank = rb.meta.rank;
-        senders[rank]
-            .blocking_send(rb)
-            .map_err(|_| ServeError::Internal(format!("rank {rank}'s queue is closed")))?;
-    }
-    Ok(())
+/// A failure of the dataflow delivering the rows, as the producer is told it.
+fn internal(e: crate::Error) -> ServeError {
+    ServeError::Internal(e.to_string())
 }
 
 /// Featurizes `pieces` (rows a refreshed stream cut where its state changes), each with
