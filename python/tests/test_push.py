@@ -434,3 +434,45 @@ def test_the_end_of_a_stream_past_the_last_step_names_the_state_version(pushed):
     meta = json.loads(reader.read_chunk().app_metadata.to_pybytes())
     assert meta["last"] and meta["rows"] == 0
     assert meta["state_version"] == version
+
+
+def test_a_panic_delivering_pushed_rows_fails_the_streams_and_the_next_push(
+    tmp_path, data, monkeypatch
+):
+    """Pushed rows are placed and assembled by a timely dataflow of their own. When it
+    panics (the third time an owner runs), the ranks' streams end with the panic's one
+    line instead of waiting forever, the producer is refused with it rather than told
+    OK, and the server goes on answering."""
+    monkeypatch.setenv("HYDRANT_FAIL_POINT", "own:0:3")
+    s = pushed_server(tmp_path, data, "--ranks", "2", "--batch-size", "100")
+    try:
+        client = Client(s.uri)
+        got = {}
+
+        def read(r):
+            try:
+                got[r] = ("done", len(list(client.batches("criteo_hash", r, 2))))
+            except HydrantError as e:
+                got[r] = ("error", str(e))
+
+        readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(2)]
+        for t in readers:
+            t.start()
+        table = pq.read_table(data[0]).slice(0, 20_000)
+        with pytest.raises(HydrantError, match="panicked in operator `own`"):
+            for batch in table.to_batches(max_chunksize=1000):
+                client.push("criteo_hash", [batch])
+        for t in readers:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in readers), f"a stream hung: {got}"
+        assert [kind for kind, _ in got.values()] == ["error", "error"], got
+        for _, what in got.values():
+            assert "panicked in operator `own`" in what and "\n" not in what, what
+        assert s.proc.poll() is None
+        assert client.status()["pipelines"][0]["pushed"]
+        s.stop()
+        log = s.proc.stderr.read()
+        failed = [line for line in log.splitlines() if "delivering pushed rows failed" in line]
+        assert len(failed) == 1 and "panicked in operator `own`" in failed[0], log
+    finally:
+        s.stop()

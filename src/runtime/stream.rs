@@ -198,6 +198,7 @@ impl PushedRows {
         let (shared, placement) = (self.shared.clone(), self.placement);
         let errors = start.errors.clone();
         let cluster = Cluster::local(start.workers.max(1));
+        let stop = start.channels.stop.clone();
         let start = Arc::new(start);
         std::thread::Builder::new()
             .name("hydrant-pushed".into())
@@ -209,8 +210,14 @@ impl PushedRows {
                     Ok(())
                 };
                 // A failure is in `errors`, where the ranks' streams and the next push
-                // find it.
-                let _ = supervise(&cluster, &errors2, || {}, work);
+                // find it; the log says it once (a stream let go at a stop is not news).
+                if let Err(e) = supervise(&cluster, &errors2, || {}, work)
+                    && !stop.is_cancelled()
+                {
+                    hydrant_operators::log_line!(
+                        "hydrant: the dataflow delivering pushed rows failed: {e}"
+                    );
+                }
             })
             .map_err(|e| Error::Dataflow(format!("cannot start a thread: {e}")))?;
         Ok(tx)
