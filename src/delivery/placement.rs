@@ -211,6 +211,13 @@ impl Placement {
         x - x % self.window()
     }
 
+    /// The first stream position step `step` of a stream needs: rows move only within
+    /// their shuffle window, so it is the start of the window holding the step's first
+    /// position (where a stream resumed at `step` starts taking rows).
+    pub fn stream_start(&self, step: u64) -> u64 {
+        self.window_start(step.saturating_mul(self.step_rows()))
+    }
+
     /// Steps each rank takes in an epoch of `rows` rows.
     pub fn steps(&self, rows: u64) -> u64 {
         match self.last_batch {

@@ -109,7 +109,7 @@ impl PushedRows {
         let placement = placement.stream();
         steps_cut.store(step, Ordering::SeqCst);
         let next = (0..placement.world_size()).map(|_| AtomicU64::new(step));
-        let rows = placement.window_start(step.saturating_mul(placement.step_rows()));
+        let rows = placement.stream_start(step);
         PushedRows {
             placement,
             rows,
@@ -125,13 +125,6 @@ impl PushedRows {
             start: Some(to),
             tx: None,
         }
-    }
-
-    /// The first stream position step `step` needs: rows move only within their shuffle
-    /// window, so it is the start of the window holding the step's first position.
-    pub fn first_row(&self, step: u64) -> u64 {
-        let placement = &self.placement;
-        placement.window_start(step.saturating_mul(placement.step_rows()))
     }
 
     /// Takes the next featurized rows, featurized with state `version`, waiting while the
@@ -565,10 +558,8 @@ mod tests {
         let whole = deliver(placement, 0, 1, false, |o| push_chunks(o, 0, 61, 7));
         assert_eq!(whole.last().map(|rb| rb.meta.step), Some(7));
         // Step 3 starts at position 24, in the window of positions 20..25.
-        let resumed = deliver(placement, 3, 2, false, |o| {
-            assert_eq!(o.first_row(3), 20);
-            push_chunks(o, 20, 61, 6)
-        });
+        assert_eq!(placement.stream().stream_start(3), 20);
+        let resumed = deliver(placement, 3, 2, false, |o| push_chunks(o, 20, 61, 6));
         let want: Vec<_> = whole.iter().filter(|rb| rb.meta.step >= 3).collect();
         assert_eq!(resumed.len(), want.len());
         for (got, want) in resumed.iter().zip(want) {

@@ -461,9 +461,7 @@ impl Pushed {
     /// Starts from `commit` (read back from the state directory) instead of row 0: the
     /// first step is the committed one, and producers' sequence numbers are known.
     pub fn resume(&self, commit: &Commit) -> Result<(), ServeError> {
-        let placement = &self.placement;
-        let first_row = placement.window_start(commit.step.saturating_mul(placement.step_rows()));
-        if first_row != commit.row {
+        if self.placement.stream_start(commit.step) != commit.row {
             return Err(ServeError::FailedPrecondition(format!(
                 "the commit of step {} was made with another batch size, world size or \
                  shuffle window; serve with those (or start with an empty --state-dir)",
@@ -501,9 +499,7 @@ impl Pushed {
         if commits.last != Some(step)
             && let Some(committer) = &commits.committer
         {
-            let row = self
-                .placement
-                .window_start(step.saturating_mul(self.placement.step_rows()));
+            let row = self.placement.stream_start(step);
             // Every batch whose rows lie before `row` has its sequence number here.
             let admitted = lock(&self.admitted).clone().into_iter().collect();
             // Refreshed statistics count rows again from their last refresh point.
