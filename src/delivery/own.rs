@@ -1,5 +1,6 @@
 //! The `own` operator: on the worker that owns a rank, assembles the rank's steps from the
-//! pieces readers send it and emits them in step order, epoch after epoch.
+//! pieces readers send it and emits them in step order, epoch after epoch — or, for pushed
+//! and followed input, through one endless stream ([`Owning::Stream`]).
 //!
 //! It holds a capability at the time of the earliest step it has not emitted
 //! ([`Delivery::step_time`]), so a probe after it tells readers how far the slowest owner
