@@ -369,12 +369,17 @@ def test_sigterm_stops_a_server_whose_producer_waits_for_queue_space(tmp_path, d
         target=lambda: Client(s.uri).push("criteo_hash", rows.to_batches(8)), daemon=True
     )
     producer.start()
-    producer.join(timeout=2)
-    assert producer.is_alive(), "the producer should wait for a trainer"
-    t0 = time.time()
-    s.proc.send_signal(signal.SIGTERM)
-    assert s.proc.wait(timeout=30) == 0
-    assert time.time() - t0 < 15
+    try:
+        producer.join(timeout=2)
+        assert producer.is_alive(), "the producer should wait for a trainer"
+        t0 = time.time()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=30) == 0
+        assert time.time() - t0 < 15
+    finally:
+        # A failed check must not leave the server running.
+        if s.proc.poll() is None:
+            s.proc.kill()
 
 
 def test_a_stray_reader_of_a_later_step_takes_no_rows_from_the_trainer(pushed):
