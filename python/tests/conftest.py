@@ -45,6 +45,11 @@ class Server:
         self.ready = json.loads(line)
         self.uri = "grpc://" + self.ready["listening"]
 
+    def lines_logged(self, text):
+        """Stops the server and returns the lines of its log (stderr) that hold `text`."""
+        self.stop()
+        return [line for line in self.proc.stderr.read().splitlines() if text in line]
+
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         try:

@@ -124,10 +124,8 @@ def test_a_panic_in_one_worker_fails_every_stream_of_its_run_without_a_hang(data
         assert s.proc.poll() is None
         assert client.status()["pipelines"][0]
         # The server's log says why, in one line (it used to say nothing).
-        s.stop()
-        log = s.proc.stderr.read()
-        failed = [line for line in log.splitlines() if "the run of epoch 0 failed" in line]
-        assert len(failed) == 1 and "panicked in operator `source`" in failed[0], log
+        failed = s.lines_logged("the run of epoch 0 failed")
+        assert len(failed) == 1 and "panicked in operator `source`" in failed[0], failed
     finally:
         s.stop()
 

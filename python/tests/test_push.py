@@ -475,9 +475,7 @@ def test_a_panic_delivering_pushed_rows_fails_the_streams_and_the_next_push(
             assert "panicked in operator `own`" in what and "\n" not in what, what
         assert s.proc.poll() is None
         assert client.status()["pipelines"][0]["pushed"]
-        s.stop()
-        log = s.proc.stderr.read()
-        failed = [line for line in log.splitlines() if "delivering pushed rows failed" in line]
-        assert len(failed) == 1 and "panicked in operator `own`" in failed[0], log
+        failed = s.lines_logged("delivering pushed rows failed")
+        assert len(failed) == 1 and "panicked in operator `own`" in failed[0], failed
     finally:
         s.stop()
