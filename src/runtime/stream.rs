@@ -28,7 +28,7 @@ use timely::worker::Worker;
 
 use super::cluster::Cluster;
 use super::dataflow::{Channels, PARK, supervise};
-use super::fate;
+use super::fate::{self, Fate};
 use crate::delivery::{
     LastBatch, Ownership, Owning, Piece, Pieces, Placement, RankBatch, own, split,
 };
@@ -100,6 +100,9 @@ pub struct PushedRows {
     start: Option<Delivering>,
     tx: Option<SyncSender<Message>>,
     errors: ErrorSlot,
+    /// Where a worker's panic is recorded the moment it happens (before the channel
+    /// closes; `errors` has it a tick later).
+    fate: Fate,
 }
 
 impl PushedRows {
@@ -124,6 +127,7 @@ impl PushedRows {
             errors: to.errors.clone(),
             start: Some(to),
             tx: None,
+            fate: Fate::default(),
         }
     }
 
@@ -170,7 +174,9 @@ impl PushedRows {
             self.tx = Some(self.spawn(start)?);
         }
         let stopped = || {
-            let why = self.errors.get().unwrap_or_else(|| "it was stopped".into());
+            let why = (self.errors.get())
+                .or_else(|| self.fate.failure().map(String::from))
+                .unwrap_or_else(|| "it was stopped".into());
             Error::Dataflow(format!("the dataflow delivering pushed rows ended: {why}"))
         };
         let Some(tx) = &self.tx else {
@@ -191,7 +197,7 @@ impl PushedRows {
         let (shared, placement) = (self.shared.clone(), self.placement);
         let errors = start.errors.clone();
         let cluster = Cluster::local(start.workers.max(1));
-        let stop = start.channels.stop.clone();
+        let (stop, fate) = (start.channels.stop.clone(), self.fate.clone());
         let start = Arc::new(start);
         std::thread::Builder::new()
             .name("hydrant-pushed".into())
@@ -204,7 +210,7 @@ impl PushedRows {
                 };
                 // A failure is in `errors`, where the ranks' streams and the next push
                 // find it; the log says it once (a stream let go at a stop is not news).
-                if let Err(e) = supervise(&cluster, &errors2, || {}, work)
+                if let Err(e) = supervise(&cluster, (&errors2, fate), || {}, work)
                     && !stop.is_cancelled()
                 {
                     hydrant_operators::log_line!(
