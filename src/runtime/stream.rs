@@ -68,6 +68,12 @@ impl Shared {
     fn steps_cut(&self) -> u64 {
         self.steps_cut.load(Ordering::SeqCst)
     }
+
+    fn versions(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u64)>> {
+        self.versions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// What pushed rows are and where they go: what the dataflow starts with (at the first
@@ -138,7 +144,7 @@ impl PushedRows {
     pub fn push_as(&mut self, batch: RecordBatch, version: u64) -> Result<()> {
         if version != self.version {
             let step = self.rows / self.placement.step_rows();
-            let mut versions = self.versions();
+            let mut versions = self.shared.versions();
             versions.retain(|&(first, _)| first < step);
             versions.push((step, version));
             // Versions of steps every rank has been given are not needed again.
@@ -159,13 +165,6 @@ impl PushedRows {
         let rows = self.rows;
         let placement = &self.placement;
         Ok(rows - rows.min(placement.steps(rows).saturating_mul(placement.step_rows())))
-    }
-
-    fn versions(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u64)>> {
-        self.shared
-            .versions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Hands `message` to worker 0, starting the dataflow first if needed.
@@ -390,16 +389,12 @@ fn take_rows(
 /// from, and counts it as given to its rank.
 fn stamp(shared: &Shared, placement: &Placement, rb: &mut RankBatch) {
     let (step, rank) = (rb.meta.step, rb.meta.rank);
-    {
-        let versions = shared
-            .versions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let since = versions.partition_point(|&(first, _)| first <= step);
-        if let Some(&(_, version)) = versions.get(since.wrapping_sub(1)) {
-            rb.meta.state_version = version;
-        }
+    let versions = shared.versions();
+    let since = versions.partition_point(|&(first, _)| first <= step);
+    if let Some(&(_, version)) = versions.get(since.wrapping_sub(1)) {
+        rb.meta.state_version = version;
     }
+    drop(versions);
     let rows = shared.taken.load(Ordering::SeqCst);
     let span = placement.positions(step, rank);
     rb.meta.positions = Some([span.start.min(rows), span.end.min(rows)]);
@@ -419,6 +414,23 @@ mod tests {
     use super::*;
     use crate::delivery::assemble_tests::{rows, schema};
 
+    /// Rows of the test schema, with state version 1, to `senders` by `workers` workers.
+    fn to(
+        senders: Vec<Option<tokio::sync::mpsc::Sender<RankBatch>>>,
+        workers: usize,
+    ) -> Delivering {
+        Delivering {
+            output: Arc::new(schema()),
+            state_version: 1,
+            channels: Channels {
+                senders,
+                stop: CancellationToken::new(),
+            },
+            errors: ErrorSlot::default(),
+            workers,
+        }
+    }
+
     /// Every rank batch of a stream delivered from `step` on by `workers` workers, in
     /// (step, rank) order, after `push` fed it; ended unless `abandon`.
     fn deliver(
@@ -435,17 +447,7 @@ mod tests {
                 (Some(tx), rx)
             })
             .unzip();
-        let to = Delivering {
-            output: Arc::new(schema()),
-            state_version: 1,
-            channels: Channels {
-                senders,
-                stop: CancellationToken::new(),
-            },
-            errors: ErrorSlot::default(),
-            workers,
-        };
-        let mut out = PushedRows::new(placement, step, Arc::default(), to);
+        let mut out = PushedRows::new(placement, step, Arc::default(), to(senders, workers));
         push(&mut out);
         if !abandon {
             out.end().unwrap();
@@ -604,17 +606,7 @@ mod tests {
         let placement = Placement::new(1, 4, LastBatch::Pad, 0, None).unwrap();
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         drop(rx);
-        let to = Delivering {
-            output: Arc::new(schema()),
-            state_version: 1,
-            channels: Channels {
-                senders: vec![Some(tx)],
-                stop: CancellationToken::new(),
-            },
-            errors: ErrorSlot::default(),
-            workers: 1,
-        };
-        let mut out = PushedRows::new(placement, 0, Arc::default(), to);
+        let mut out = PushedRows::new(placement, 0, Arc::default(), to(vec![Some(tx)], 1));
         let mut refused = None;
         for k in 0..1000 {
             if let Err(e) = out.push_as(rows(k * 4, 4), 1) {

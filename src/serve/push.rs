@@ -73,6 +73,19 @@ pub(super) struct Ingest {
     pub refresh: Option<Refresh>,
 }
 
+impl Ingest {
+    /// Hands featurized rows, each piece with its state version, to the dataflow that
+    /// delivers them (waiting while the ranks are behind); nothing once the input ended.
+    fn deliver(&mut self, featurized: Vec<(RecordBatch, u64)>) -> Result<(), ServeError> {
+        if let Some(out) = &mut self.rows_out {
+            for (batch, version) in featurized {
+                out.push_as(batch, version).map_err(internal)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Records durably that the input ends after the rows given.
 pub(super) type EndRecord = Box<dyn FnMut(u64) -> crate::Result<()> + Send>;
 
@@ -290,11 +303,7 @@ impl Pushed {
             // Known before any of its rows can be delivered.
             let first = st.next_row + skip as u64;
             self.fresh.admitted(first, arrived.at, arrived.unit, newest);
-            if let Some(out) = &mut st.rows_out {
-                for (batch, version) in featurized {
-                    out.push_as(batch, version).map_err(internal)?;
-                }
-            }
+            st.deliver(featurized)?;
         }
         st.next_row += rows;
         st.seq += 1;
@@ -343,11 +352,7 @@ impl Pushed {
             // Input shorter than the warmup: the first version is fitted on what came.
             let pieces = refresh.finish(st.skip_below)?;
             let featurized = featurize_pieces(&mut st.featurizer, pieces, st.next_row)?;
-            if let Some(out) = &mut st.rows_out {
-                for (batch, version) in featurized {
-                    out.push_as(batch, version).map_err(internal)?;
-                }
-            }
+            st.deliver(featurized)?;
         }
         let mut out = st.rows_out.take();
         st.dropped = out
