@@ -121,10 +121,16 @@ impl Client {
             .connect()
             .await
             .map_err(|e| fail(chain(&e)))?;
+        Ok(Self::from_channel(channel))
+    }
+
+    /// A client on a channel the caller configured (its timeouts, keep-alive, flow-control
+    /// windows; [`Client::connect`] opens 16 MiB stream windows, as the server does).
+    pub fn from_channel(channel: tonic::transport::Channel) -> Self {
         let inner = FlightServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
-        Ok(Client {
+        Client {
             inner: FlightClient::new_from_inner(inner),
-        })
+        }
     }
 
     /// Authenticates against a server started with `--token-file`: Basic credentials in the
