@@ -2,6 +2,7 @@
 read them as they arrive, `end_ingest` pads the last step."""
 
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -479,3 +480,80 @@ def test_a_panic_delivering_pushed_rows_fails_the_streams_and_the_next_push(
         assert len(failed) == 1 and "panicked in operator `own`" in failed[0], failed
     finally:
         s.stop()
+
+
+def test_a_pushed_rank_no_one_reads_holds_the_producer_until_it_is_read(tmp_path, data):
+    """A rank of file input that no one reads is let go after `--absent-after` (it catches
+    up on a run of its own later); pushed rows cannot be read again, so a pushed rank no
+    one reads holds the producer instead, and every row reaches it once it is read."""
+    s = pushed_server(
+        tmp_path, data, "--ranks", "2", "--batch-size", "100", "--absent-after", "1"
+    )
+    try:
+        table = pq.read_table(data[0])
+        client = Client(s.uri)
+        acks, got = [], {0: [], 1: []}
+        producer = threading.Thread(
+            target=lambda: acks.extend(Client(s.uri).push("criteo_hash", table.to_batches(1000))),
+            daemon=True,
+        )
+        producer.start()
+
+        def read(r):
+            for b in Client(s.uri).batches("criteo_hash", r, 2):
+                got[r].append(b)
+
+        rank0 = threading.Thread(target=read, args=(0,), daemon=True)
+        rank0.start()
+        time.sleep(4)  # past --absent-after, several times over
+        assert producer.is_alive(), "the producer should wait for rank 1"
+        held = len(got[0])
+        assert 0 < held < table.num_rows // 200, held
+        pushed = client.status()["pipelines"][0]["pushed"]
+        assert pushed["rows_in"] < table.num_rows
+        rank1 = threading.Thread(target=read, args=(1,), daemon=True)
+        rank1.start()
+        producer.join(timeout=60)
+        assert not producer.is_alive()
+        assert sum(a["rows"] for a in acks) == table.num_rows
+        client.end_ingest("criteo_hash")
+        for t in (rank0, rank1):
+            t.join(timeout=60)
+            assert not t.is_alive()
+        steps = -(-table.num_rows // 200)
+        assert [b.step for b in got[0]] == [b.step for b in got[1]] == list(range(steps))
+        ids = sorted(i for r in (0, 1) for b in got[r] for i in b.row_id[~b.mask].tolist())
+        assert ids == list(range(table.num_rows))
+    finally:
+        s.stop()
+
+
+def test_pushed_rows_placed_on_several_workers_are_the_batches_of_one(tmp_path, data):
+    """`--workers` places and assembles pushed rows on that many threads: shuffled, every
+    rank's batches are the same rows in the same slots as with one worker."""
+    table = pq.read_table(data[0])
+    delivered = {}
+    for workers in ("1", "3"):
+        s = pushed_server(
+            tmp_path, data, "--ranks", "2", "--batch-size", "500", "--shuffle",
+            "--shuffle-window", "3000", "--workers", workers,
+        )
+        try:
+            client = Client(s.uri)
+            got, readers = start_readers(client)
+            acks = client.push("criteo_hash", table.to_batches(max_chunksize=2500))
+            assert sum(a["rows"] for a in acks) == table.num_rows
+            client.end_ingest("criteo_hash")
+            for t in readers:
+                t.join(timeout=60)
+                assert not t.is_alive()
+            delivered[workers] = {
+                r: [(b.step, b.row_id.tolist(), b.mask.tolist()) for b in got[r]] for r in (0, 1)
+            }
+        finally:
+            s.stop()
+    one, three = delivered["1"], delivered["3"]
+    assert one == three
+    ids = sorted(i for r in (0, 1) for _, rows, mask in one[r] for i, m in zip(rows, mask) if not m)
+    assert ids == list(range(table.num_rows))
+    assert any(rows != sorted(rows) for r in (0, 1) for _, rows, _ in one[r]), "shuffled"

@@ -332,13 +332,15 @@ impl ServedPipeline {
     }
 
     /// A pipeline whose rows are pushed by producers (DoPut) until `end_ingest`: one
-    /// epoch, fed as batches arrive. `delivery`'s row counts are ignored. The state is
+    /// epoch, fed as batches arrive, placed and assembled on `workers` threads (each DoPut
+    /// featurizes its own batches). `delivery`'s row counts are ignored. The state is
     /// `state`; a pipeline whose `[stats]` refresh may start without one (its first
     /// version is fitted on the first rows).
     pub fn ingest(
         spec: PipelineSpec,
         state: Option<FittedState>,
         delivery: Delivery,
+        workers: usize,
     ) -> crate::Result<Self> {
         let plan = Arc::new(spec.plan(&spec.nominal_schema())?);
         // Pushed rows have no known total: positions are output indices (no rank shares).
@@ -403,7 +405,7 @@ impl ServedPipeline {
                 start_step: 0,
                 ..delivery
             },
-            workers: 1,
+            workers: workers.max(1),
             runs: Arc::default(),
             redact: Arc::from([]),
             shared_epochs: Arc::default(),

@@ -36,14 +36,8 @@ pub(crate) fn run_follow(args: &RunArgs, folder: &Path) -> Result<serde_json::Va
     }
     let spec = PipelineSpec::from_file(&args.common.pipeline)?;
     let state = args.state.as_deref();
-    let served = streamed_pipeline(
-        spec.clone(),
-        &args.common.input,
-        state,
-        &args.delivery,
-        true,
-    )?
-    .follow(folder, args.state_dir.as_deref())?;
+    let served = streamed_pipeline(spec.clone(), &args.common, state, &args.delivery, true)?
+        .follow(folder, args.state_dir.as_deref())?;
     let served = Arc::new(served);
     sink.prepare(0)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -102,7 +102,8 @@ struct Common {
     #[arg(long, num_args = 1..)]
     input: Vec<PathBuf>,
     /// Worker threads per process (default: the number of cores; no more are started than
-    /// there are units of input or ranks to keep busy).
+    /// there are units of input or ranks to keep busy; one for pushed or followed input,
+    /// which is featurized as it is admitted, by each DoPut or the follower).
     #[arg(long, value_parser = int_in(1, MAX_WORKERS))]
     workers: Option<usize>,
     /// Processes in a timely cluster.
@@ -300,22 +301,27 @@ fn dispatch(command: Command) -> Result<()> {
     }
 }
 
-/// The pipeline of a command, checked against its inputs (and its state, if given).
-fn prepare(
-    common: &Common,
-    state: Option<&Path>,
-    delivery: Option<&DeliveryArgs>,
-) -> Result<Pipeline> {
+/// The timely workers of each process: `--workers`, or `default` (one a core if `None`).
+pub(crate) fn workers(common: &Common, default: Option<usize>) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = common.workers.unwrap_or(cores);
+    let workers = common.workers.or(default).unwrap_or(cores);
     if workers > cores {
         hydrant::operators::log_line!(
             "hydrant: warning: --workers {workers} is more than the {cores} cores here; \
              workers will take turns on them"
         );
     }
+    workers
+}
+
+/// The pipeline of a command, checked against its inputs (and its state, if given).
+fn prepare(
+    common: &Common,
+    state: Option<&Path>,
+    delivery: Option<&DeliveryArgs>,
+) -> Result<Pipeline> {
     let cluster = Cluster {
-        workers,
+        workers: workers(common, None),
         processes: common.processes,
         process: common.process,
         hostfile: common.hostfile.clone(),
