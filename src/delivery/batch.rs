@@ -7,6 +7,7 @@ use arrow::array::{
     ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch, UInt64Array,
     new_empty_array,
 };
+use arrow::buffer::BooleanBuffer;
 use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use hydrant_operators::{Batch, ROW_ID};
@@ -81,7 +82,12 @@ pub(crate) fn with_padding(
 }
 
 fn with_flag(schema: &SchemaRef, batch: RecordBatch, padding: bool) -> Result<RecordBatch> {
-    let flag = BooleanArray::from(vec![padding; batch.num_rows()]);
+    let n = batch.num_rows();
+    let flag = match padding {
+        true => BooleanBuffer::new_set(n),
+        false => BooleanBuffer::new_unset(n),
+    };
+    let flag = BooleanArray::new(flag, None);
     let mut columns = batch.columns().to_vec();
     columns.push(Arc::new(flag));
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
