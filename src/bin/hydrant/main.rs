@@ -102,8 +102,8 @@ struct Common {
     #[arg(long, num_args = 1..)]
     input: Vec<PathBuf>,
     /// Worker threads per process (default: the number of cores; no more are started than
-    /// there are units of input or ranks to keep busy; one for pushed or followed input,
-    /// which is featurized as it is admitted, by each DoPut or the follower).
+    /// there are units of input or ranks to keep busy). For pushed or followed input the
+    /// workers place and assemble rows featurized as they were admitted; default one.
     #[arg(long, value_parser = int_in(1, MAX_WORKERS))]
     workers: Option<usize>,
     /// Processes in a timely cluster.
