@@ -115,9 +115,10 @@ async fn read_paced(
 ///
 /// Once its DoGet is answered (the server has made it the rank's reader), it says so on
 /// `attached` and takes nothing until `go` fires: so it is the rank's reader before the
-/// trainer can finish, and it cannot finish before the trainer has come back. (Paced only,
-/// the trainer finished its 49 steps before a zombie's DoGet was answered once in CI, and
-/// the zombie, then the rank's only reader, read the epoch to its end.)
+/// trainer can finish, and it cannot finish before the trainer has come back. (With pacing
+/// alone, a trainer in CI had the rest of its epoch in its 16 MiB window when its zombie
+/// came, finished without the server, and the zombie, then the rank's only reader, was
+/// served the whole epoch.)
 async fn zombie(
     uri: &str,
     t: Ticket,
