@@ -201,15 +201,14 @@ impl PushedRows {
         std::thread::Builder::new()
             .name("hydrant-pushed".into())
             .spawn(move || {
-                let (start2, errors2) = (start.clone(), errors.clone());
                 let work = move |worker: &mut Worker| {
                     let rx = rx.lock().ok().and_then(|mut rx| rx.take());
-                    run_worker(worker, placement, &shared, &start2, rx);
+                    run_worker(worker, placement, &shared, &start, rx);
                     Ok(())
                 };
                 // A failure is in `errors`, where the ranks' streams and the next push
                 // find it; the log says it once (a stream let go at a stop is not news).
-                if let Err(e) = supervise(&cluster, (&errors2, fate), || {}, work)
+                if let Err(e) = supervise(&cluster, (&errors, fate), || {}, work)
                     && !stop.is_cancelled()
                 {
                     hydrant_operators::log_line!(
