@@ -258,12 +258,9 @@ pub fn execute(job: Job, cluster: &Cluster, on_tick: impl FnMut()) -> Result<Rep
     let errors = job.errors.clone();
     let job = Arc::new(job);
     let errors2 = errors.clone();
-    let reports = supervise(
-        cluster,
-        (&errors, Fate::default()),
-        on_tick,
-        move |worker| run_worker(worker, &job, layout, &errors2),
-    )?;
+    let reports = supervise(cluster, &errors, on_tick, move |worker| {
+        run_worker(worker, &job, layout, &errors2)
+    })?;
     let mut total = Report::default();
     for r in reports {
         total.add(r);
@@ -275,18 +272,19 @@ pub fn execute(job: Job, cluster: &Cluster, on_tick: impl FnMut()) -> Result<Rep
 }
 
 /// Runs `work` on every worker of this process and waits for them; `on_tick` is called
-/// about ten times a second meanwhile. A worker's error goes to `errors` too; a worker's
-/// panic (recorded in `fate` as it happens) or a lost peer process ends the wait with one
-/// line, without joining the others.
+/// about ten times a second meanwhile. A worker's error goes to `errors`; a worker's
+/// panic (in `errors` as it happens: [`Fate`]) or a lost peer process ends the wait with
+/// one line, without joining the others.
 pub(super) fn supervise<T: Send + 'static>(
     cluster: &Cluster,
-    (errors, fate): (&ErrorSlot, Fate),
+    errors: &ErrorSlot,
     mut on_tick: impl FnMut(),
     work: impl Fn(&mut Worker) -> Result<T> + Send + Sync + 'static,
 ) -> Result<Vec<T>> {
     // Each worker says when it is done, so the job ends the moment the last one does (a
     // sleep-and-check loop here once added 50 ms to every run on average).
     let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(cluster.workers);
+    let fate = Fate::new(errors.clone());
     let (errors2, fate2) = (errors.clone(), fate.clone());
     let done_tx = std::sync::Mutex::new(done_tx);
     fate::install_hook();

@@ -5,26 +5,43 @@
 //! A panic hook, installed once per process, sees every panic of a timely thread
 //! (`timely:work-N`, and in a cluster `timely:send-N` / `timely:recv-N`, whose panics mean
 //! process N is gone). A worker's panic is recorded in its job's [`Fate`] (each worker
-//! thread registers its job's at start); a lost peer in the process-wide slot that every
-//! cluster job watches. [`super::execute`] polls both and, once either is set,
-//! returns the error without joining the workers, which may never finish.
+//! thread registers its job's at start), and in the job's error slot, before the thread
+//! unwinds: a rank queue that closes as it unwinds is never taken for a clean end. A lost
+//! peer is recorded in the process-wide slot that every cluster job watches.
+//! [`super::execute`] polls both and, once either is set, returns the error without
+//! joining the workers, which may never finish.
 
 use std::cell::RefCell;
 use std::sync::{Arc, Once, OnceLock};
 
+use hydrant_operators::ErrorSlot;
+
 /// Where a job's first fatal failure (a panic in one of its workers) is recorded.
-#[derive(Debug, Clone, Default)]
-pub struct Fate(Arc<OnceLock<String>>);
+#[derive(Debug, Clone)]
+pub struct Fate {
+    failure: Arc<OnceLock<String>>,
+    /// The job's error slot, which has the failure the moment it happens.
+    errors: ErrorSlot,
+}
 
 impl Fate {
-    /// The failure, if one happened.
-    pub fn failure(&self) -> Option<&str> {
-        self.0.get().map(String::as_str)
+    /// The fate of a job whose errors go to `errors`.
+    pub fn new(errors: ErrorSlot) -> Self {
+        Fate {
+            failure: Arc::default(),
+            errors,
+        }
     }
 
-    /// Records `failure` unless an earlier one is there.
+    /// The failure, if one happened.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
+    }
+
+    /// Records `failure`, here and in the job's error slot, unless an earlier one is there.
     pub fn fail(&self, failure: String) {
-        let _ = self.0.set(failure);
+        self.errors.set_message(&failure);
+        let _ = self.failure.set(failure);
     }
 }
 

@@ -28,7 +28,7 @@ use timely::worker::Worker;
 
 use super::cluster::Cluster;
 use super::dataflow::{Channels, PARK, supervise};
-use super::fate::{self, Fate};
+use super::fate;
 use crate::delivery::{
     LastBatch, Ownership, Owning, Piece, Pieces, Placement, RankBatch, own, split,
 };
@@ -106,9 +106,6 @@ pub struct PushedRows {
     start: Option<Delivering>,
     tx: Option<SyncSender<Message>>,
     errors: ErrorSlot,
-    /// Where a worker's panic is recorded the moment it happens (before the channel
-    /// closes; `errors` has it a tick later).
-    fate: Fate,
 }
 
 impl PushedRows {
@@ -133,7 +130,6 @@ impl PushedRows {
             errors: to.errors.clone(),
             start: Some(to),
             tx: None,
-            fate: Fate::default(),
         }
     }
 
@@ -173,9 +169,7 @@ impl PushedRows {
             self.tx = Some(self.spawn(start)?);
         }
         let stopped = || {
-            let why = (self.errors.get())
-                .or_else(|| self.fate.failure().map(String::from))
-                .unwrap_or_else(|| "it was stopped".into());
+            let why = (self.errors.get()).unwrap_or_else(|| "it was stopped".into());
             Error::Dataflow(format!("the dataflow delivering pushed rows ended: {why}"))
         };
         let Some(tx) = &self.tx else {
@@ -196,7 +190,7 @@ impl PushedRows {
         let (shared, placement) = (self.shared.clone(), self.placement);
         let errors = start.errors.clone();
         let cluster = Cluster::local(start.workers.max(1));
-        let (stop, fate) = (start.channels.stop.clone(), self.fate.clone());
+        let stop = start.channels.stop.clone();
         let start = Arc::new(start);
         std::thread::Builder::new()
             .name("hydrant-pushed".into())
@@ -208,7 +202,7 @@ impl PushedRows {
                 };
                 // A failure is in `errors`, where the ranks' streams and the next push
                 // find it; the log says it once (a stream let go at a stop is not news).
-                if let Err(e) = supervise(&cluster, (&errors, fate), || {}, work)
+                if let Err(e) = supervise(&cluster, &errors, || {}, work)
                     && !stop.is_cancelled()
                 {
                     hydrant_operators::log_line!(
