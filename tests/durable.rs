@@ -138,8 +138,14 @@ fn acknowledged_pushes_survive_a_killed_server_exactly_once() {
 
 /// The pushed pipeline spooled to `spool` in 1 MiB segments, shuffled in windows of 1,000
 /// rows, which do not line up with its 64-row steps.
-fn serve_spooled(dir: &std::path::Path, spool: &std::path::Path) -> (common::Server, String) {
+fn serve_spooled(
+    dir: &std::path::Path,
+    spool: &std::path::Path,
+    workers: usize,
+) -> (common::Server, String) {
     let args: Vec<std::ffi::OsString> = vec![
+        "--workers".into(),
+        workers.to_string().into(),
         "--state-dir".into(),
         spool.into(),
         "--spool-segment-mib".into(),
@@ -161,7 +167,7 @@ fn a_commit_trims_the_spool_and_a_restarted_server_resumes_there_exactly() {
     const ROWS: usize = 20_000; // ~0.5 MiB spooled per batch, ~3 per 1 MiB segment
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
-    let with = |spool: &std::path::Path| serve_spooled(dir.path(), spool);
+    let with = |spool: &std::path::Path| serve_spooled(dir.path(), spool, 1);
     let (whole, resumed) = rt.block_on(async {
         // The uninterrupted stream: 2 batches of producer q, 10 of p, then the end.
         let (_reference, uri) = with(&dir.path().join("reference"));
@@ -294,9 +300,11 @@ fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     const BATCHES: u64 = 100; // 200,000 rows: 3,125 steps of 64
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
-    let with = |spool: &std::path::Path| serve_spooled(dir.path(), spool);
+    // The reference on one worker; the killed servers come back on 1 to 3 (the pushed
+    // rows' dataflow places and assembles alike on any number).
+    let with = |spool: &std::path::Path, workers| serve_spooled(dir.path(), spool, workers);
     let reference = rt.block_on(async {
-        let (_server, uri) = with(&dir.path().join("reference"));
+        let (_server, uri) = with(&dir.path().join("reference"), 1);
         let reader = tokio::spawn({
             let uri = uri.clone();
             async move { read_steps(&uri, 0, usize::MAX).await }
@@ -311,8 +319,8 @@ fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     let got: Arc<Mutex<BTreeMap<u64, RecordBatch>>> = Arc::default();
     let next = Arc::new(AtomicU64::new(0));
     let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-    for _ in 0..10 {
-        let (mut server, uri) = with(&spool);
+    for kill in 0..10 {
+        let (mut server, uri) = with(&spool, 1 + kill % 3);
         let resume = got.lock().unwrap().keys().last().map_or(0, |s| s + 1);
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -342,7 +350,7 @@ fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
         killed_at_step > 0 && killed_at_batch < BATCHES,
         "the kills came while rows moved: {killed_at_step} steps, {killed_at_batch} batches"
     );
-    let (_server, uri) = with(&spool);
+    let (_server, uri) = with(&spool, 2);
     rt.block_on(async {
         let resume = got.lock().unwrap().keys().last().map_or(0, |s| s + 1);
         // The restarted server starts from the trainer's last commit.

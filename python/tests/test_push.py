@@ -27,10 +27,13 @@ def pushed_server(tmp_path, data, *extra):
     return Server("--pipeline", flight_toml, "--state", state, *extra)
 
 
-@pytest.fixture
-def pushed(tmp_path, data):
-    """A server for the hash pipeline with pushed input, and the rows to push."""
-    s = pushed_server(tmp_path, data, "--ranks", "2", "--batch-size", "1000")
+@pytest.fixture(params=["1", "3"], ids=["1-worker", "3-workers"])
+def pushed(tmp_path, data, request):
+    """A server for the hash pipeline with pushed input, placing and assembling the rows
+    on one worker or three, and the rows to push."""
+    s = pushed_server(
+        tmp_path, data, "--ranks", "2", "--batch-size", "1000", "--workers", request.param
+    )
     yield s, pq.read_table(data[0])
     s.stop()
 
@@ -357,13 +360,13 @@ def test_commit_reports_what_it_kept_and_refuses_what_it_cannot(tmp_path, data, 
         Client(files.uri).commit("criteo", 0)
 
 
-def test_sigterm_stops_a_server_whose_producer_waits_for_queue_space(tmp_path, data):
+@pytest.mark.parametrize("workers", ["1", "3"])
+def test_sigterm_stops_a_server_whose_producer_waits_for_queue_space(tmp_path, data, workers):
     """A DoPut waiting for queue space (no trainer reads) used to keep the server from ever
     exiting after SIGTERM: dropping the runtime waited for that DoPut's thread."""
     import signal
-    import time
 
-    s = pushed_server(tmp_path, data, "--ranks", "1", "--batch-size", "8")
+    s = pushed_server(tmp_path, data, "--ranks", "1", "--batch-size", "8", "--workers", workers)
     # Far more steps than the queue, the dataflow and the channel into it hold together.
     rows = pq.read_table(data[0]).slice(0, 800)
     producer = threading.Thread(
