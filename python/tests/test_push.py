@@ -257,10 +257,13 @@ def test_a_batch_that_featurizes_to_another_width_is_refused_and_loses_nothing(t
         s.stop()
 
 
-def test_status_and_other_calls_answer_while_a_producer_is_back_pressured(tmp_path, data):
+@pytest.mark.parametrize("workers", ["1", "3"])
+def test_status_and_other_calls_answer_while_a_producer_is_back_pressured(
+    tmp_path, data, workers
+):
     """A producer waiting for queue space (no trainer yet, the normal start-up order) used
     to hold the lock that `status` needed: every later call then hung."""
-    s = pushed_server(tmp_path, data, "--ranks", "1", "--batch-size", "100")
+    s = pushed_server(tmp_path, data, "--ranks", "1", "--batch-size", "100", "--workers", workers)
     try:
         table = pq.read_table(data[0])
         client = Client(s.uri)
@@ -485,12 +488,14 @@ def test_a_panic_delivering_pushed_rows_fails_the_streams_and_the_next_push(
         s.stop()
 
 
-def test_a_pushed_rank_no_one_reads_holds_the_producer_until_it_is_read(tmp_path, data):
+@pytest.mark.parametrize("workers", ["1", "3"])
+def test_a_pushed_rank_no_one_reads_holds_the_producer_until_it_is_read(tmp_path, data, workers):
     """A rank of file input that no one reads is let go after `--absent-after` (it catches
     up on a run of its own later); pushed rows cannot be read again, so a pushed rank no
     one reads holds the producer instead, and every row reaches it once it is read."""
     s = pushed_server(
-        tmp_path, data, "--ranks", "2", "--batch-size", "100", "--absent-after", "1"
+        tmp_path, data, "--ranks", "2", "--batch-size", "100", "--absent-after", "1",
+        "--workers", workers,
     )
     try:
         table = pq.read_table(data[0])
