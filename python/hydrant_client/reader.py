@@ -3,6 +3,7 @@ decoding overlap the training step."""
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -14,6 +15,24 @@ import pyarrow.flight as flight
 from .batch import HydrantError, steps
 
 _END = object()
+
+# Reader threads still running, by pump. A daemon thread still inside pyarrow when the
+# interpreter finalizes is killed where it stands, and unwinding its C++ frames can abort
+# the process ("terminate called without an active exception"): a trainer that stops
+# mid-epoch (a checkpoint-and-exit) and leaves its reader open would die with SIGABRT.
+# So at exit every reader still running is cancelled and joined first.
+_running: dict = {}
+_running_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_readers_at_exit() -> None:
+    with _running_lock:
+        running = list(_running.items())
+    for pump, _ in running:
+        pump.cancel()
+    for _, thread in running:
+        thread.join(timeout=5)
 
 
 class _Failed:
@@ -34,6 +53,13 @@ class _Pump:
         self.open, self.rank, self.start, self.prepare = open_stream, rank, start_step, prepare
 
     def run(self) -> None:
+        try:
+            self.read()
+        finally:
+            with _running_lock:
+                _running.pop(self, None)
+
+    def read(self) -> None:
         try:
             self.stream = self.open()
             if self.stop.is_set():
@@ -102,6 +128,8 @@ class RankReader:
         self._thread = threading.Thread(
             target=self._pump.run, name=f"hydrant-rank-{rank}", daemon=True
         )
+        with _running_lock:
+            _running[self._pump] = self._thread
         self._thread.start()
 
     def __iter__(self):

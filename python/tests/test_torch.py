@@ -92,3 +92,28 @@ def test_ddp_example_learns_sees_every_row_once_and_resumes(tmp_path_factory, tm
     assert sorted(a["0"] + b["0"]) == list(range(rows))
     assert sorted(b["1"]) == list(range(rows))
     assert rest["loss_last"] < 0.62, lines
+
+
+def test_a_trainer_that_stops_mid_epoch_without_closing_its_reader_exits_cleanly(serve):
+    """A trainer that checkpoints and exits mid-epoch leaves its reader thread reading
+    ahead. Killed inside pyarrow as the interpreter finalized, that thread once aborted a
+    DDP rank with SIGABRT ("terminate called without an active exception"); readers
+    still running are now cancelled and joined at exit."""
+    need_torch()
+    s = serve("--ranks", "2", "--batch-size", "100", "--epochs", "50")
+    script = (
+        "import sys\n"
+        "from torch.utils.data import DataLoader\n"
+        "from hydrant_client import TorchDataset\n"
+        "data = TorchDataset(sys.argv[1], 'criteo', rank=int(sys.argv[2]), world_size=2)\n"
+        "for i, _ in enumerate(DataLoader(data, batch_size=None)):\n"
+        "    if i == 3:\n"
+        "        break\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    for run in range(4):
+        out = subprocess.run(
+            [sys.executable, "-c", script, s.uri, str(run % 2)],
+            capture_output=True, text=True, env=env, timeout=60,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
