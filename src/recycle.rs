@@ -44,6 +44,26 @@ pub fn release_idle(idle: Duration) -> usize {
     POOL.release_idle(idle)
 }
 
+/// Hands memory freed in glibc's heaps back to the system. glibc keeps the free pages of
+/// every thread's arena for that thread's later use (up to the trim threshold the CLI
+/// raises), and some memory is freed by a thread that will not allocate as much again:
+/// - a forgotten served run's dataflow threads: without this, a server that ran 50 small
+///   epochs held 74 MB where it held 31 MB after two, with nothing leaked;
+/// - the thread that opened the inputs, which decoded whole Parquet footers: 2.9 MB of
+///   10M Criteo rows' footer stayed in the main thread's heap for the whole run.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub(crate) fn release_freed_memory() {
+    // SAFETY: `malloc_trim` only walks glibc's own free lists under its arena locks; it
+    // may be called from any thread at any time and touches no memory in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Elsewhere the allocator's own policy stands.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub(crate) fn release_freed_memory() {}
+
 /// Free buffers, each with the time it came back.
 struct Pool {
     free: Mutex<Vec<(Instant, MutableBuffer)>>,

@@ -12,23 +12,22 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::reader::StreamReader;
 use hydrant_operators::{Batch, FeaturePlan, ROW_ID, open_regular};
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
-};
-use parquet::file::metadata::ParquetStatisticsPolicy;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{Error, Result, one_line};
 
 mod cache;
+mod footer;
 mod ipc;
 use cache::UnitCache;
+use footer::ParquetFooter;
 use ipc::{IpcFooter, open_ipc, read_ipc_file};
 
 pub use crate::recycle::release_idle as release_idle_read_buffers;
 
 enum Format {
-    /// Footer metadata, read once; `reader` is rebuilt by `prepare` with type hints.
-    Parquet { reader: ArrowReaderMetadata },
+    /// Footer metadata, read once, given type hints by `prepare`.
+    Parquet { footer: ParquetFooter },
     /// An Arrow IPC file, or a stream (no footer): its record batches that hold rows, as
     /// (index among the file's record batches, rows), counted when it was opened.
     Ipc {
@@ -92,9 +91,8 @@ impl Inputs {
         let (mut row, mut seq) = (0u64, 0u64);
         for (i, f) in files.iter().enumerate() {
             match &f.format {
-                Format::Parquet { reader } => {
-                    for (g, rg) in reader.metadata().row_groups().iter().enumerate() {
-                        let rows = rg.num_rows().max(0) as u64;
+                Format::Parquet { footer } => {
+                    for (g, rows) in footer.group_rows().enumerate() {
                         units.push(Unit {
                             file: i,
                             row_group: Some(g),
@@ -141,6 +139,8 @@ impl Inputs {
             }
         }
         let projection = vec![None; files.len()];
+        // Decoding footers whole took memory this thread will not use again.
+        crate::recycle::release_freed_memory();
         Ok(Inputs {
             files,
             units,
@@ -214,7 +214,7 @@ impl Inputs {
                 .iter()
                 .filter_map(|c| f.schema.index_of(c).ok())
                 .collect();
-            if let Format::Parquet { reader } = &mut f.format {
+            if let Format::Parquet { footer } = &mut f.format {
                 let hinted: Vec<Field> = f
                     .schema
                     .fields()
@@ -231,8 +231,8 @@ impl Inputs {
                         _ => field.as_ref().clone(),
                     })
                     .collect();
-                let options = ArrowReaderOptions::new().with_schema(Arc::new(Schema::new(hinted)));
-                *reader = ArrowReaderMetadata::try_new(reader.metadata().clone(), options)
+                footer
+                    .hint(Arc::new(Schema::new(hinted)))
                     .map_err(|e| Error::Input {
                         path: f.path.clone(),
                         reason: one_line(e),
@@ -293,11 +293,13 @@ impl Inputs {
         let batches: Box<
             dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send,
         > = match &f.format {
-            Format::Parquet { reader } => {
-                let mut b =
-                    ParquetRecordBatchReaderBuilder::new_with_metadata(file, reader.clone())
-                        .with_batch_size(self.batch_rows)
-                        .with_row_groups(vec![unit.row_group.unwrap_or(0)]);
+            Format::Parquet { footer } => {
+                let group = footer
+                    .row_group(unit.row_group.unwrap_or(0))
+                    .map_err(|e| input_err(&e))?;
+                let mut b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, group)
+                    .with_batch_size(self.batch_rows)
+                    .with_row_groups(vec![0]);
                 if let Some(p) = &projection {
                     let mask = ProjectionMask::roots(b.parquet_schema(), p.iter().copied());
                     b = b.with_projection(mask);
@@ -481,23 +483,17 @@ fn open_file(path: &Path) -> Result<InputFile> {
     let mut magic = [0u8; 6];
     let n = file.read(&mut magic).map_err(|e| err(one_line(e)))?;
     if n >= 4 && &magic[..4] == b"PAR1" {
-        // Only what reading needs is kept of the footer: its column statistics (min, max,
-        // null counts and sizes of every column of every row group) are for pruning, which
-        // hydrant does not do, and they grow with the file (2.6 MB of 10M Criteo rows).
-        let options = ArrowReaderOptions::new()
-            .with_column_stats_policy(ParquetStatisticsPolicy::SkipAll)
-            .with_size_stats_policy(ParquetStatisticsPolicy::SkipAll);
-        let reader = hydrant_flight::decode_quietly(|| ArrowReaderMetadata::load(&file, options))
+        let footer = hydrant_flight::decode_quietly(|| ParquetFooter::load(&file))
             .map_err(|panic| err(format!("not a readable Parquet file: {panic}")))?
             .map_err(|e| err(format!("not a readable Parquet file: {}", one_line(e))))?;
-        let schema = reader.schema().clone();
+        let schema = footer.schema().clone();
         check_columns(path, &schema)?;
         return Ok(InputFile {
             path: path.into(),
             len: meta.len(),
             modified: meta.modified().ok(),
             schema,
-            format: Format::Parquet { reader },
+            format: Format::Parquet { footer },
         });
     }
     if n == 6 && &magic == b"ARROW1" {
