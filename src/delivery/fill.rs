@@ -20,6 +20,7 @@ use arrow::datatypes::{DataType, Schema, SchemaRef};
 
 use crate::error::{Error, Result};
 use crate::recycle;
+use hydrant_operators::kernels::prefetch;
 
 /// One step's rows, filled slot by slot.
 pub(crate) struct Fill {
@@ -238,7 +239,10 @@ fn copy_fixed<const N: usize>(src: &[u8], dst: *mut u8, picks: &[(u32, u32)]) {
         // a multiple of 16).
         return unsafe { stream_rows::<N>(rows, dst, picks) };
     }
-    for &(slot, row) in picks {
+    for (k, &(slot, row)) in picks.iter().enumerate() {
+        if let Some(&(_, ahead)) = picks.get(k + AHEAD) {
+            prefetch(&rows[ahead as usize]);
+        }
         let from: &[u8; N] = &rows[row as usize];
         let to = slot as usize * N;
         // Sixteen bytes at a time, unrolled (N is a constant): one array move of a long
@@ -271,7 +275,10 @@ fn copy_fixed<const N: usize>(src: &[u8], dst: *mut u8, picks: &[(u32, u32)]) {
 #[cfg(target_arch = "x86_64")]
 unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dst: *mut u8, picks: &[(u32, u32)]) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-    for &(slot, row) in picks {
+    for (k, &(slot, row)) in picks.iter().enumerate() {
+        if let Some(&(_, ahead)) = picks.get(k + AHEAD) {
+            prefetch(&rows[ahead as usize]);
+        }
         let from = rows[row as usize].as_ptr();
         let to = slot as usize * N;
         for c in 0..N / 16 {
@@ -288,6 +295,12 @@ unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dst: *mut u8, picks: &[(
     // SAFETY: SSE2 is part of x86_64.
     unsafe { _mm_sfence() };
 }
+
+/// How many picks ahead a source row is prefetched. A piece's rows for one step are one
+/// per stratum of its window (see `placement.rs`), a random row of every 16 or so, which
+/// the hardware prefetcher cannot guess: prefetching took 4% off a shuffled 10M-row run's
+/// CPU time (criteo, 2 ranks, 5 alternated runs).
+const AHEAD: usize = 8;
 
 /// [`copy_fixed`] for any row size.
 fn copy_any(src: &[u8], dst: *mut u8, picks: &[(u32, u32)], n: usize) {
