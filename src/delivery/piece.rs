@@ -208,26 +208,32 @@ pub fn split_at(
 /// any order: a counting sort over the few steps a batch's windows span (a comparison
 /// sort of every pick was a tenth of a shuffled reader's delivery cost).
 fn group_by_step(picks: &mut Vec<(u64, u32)>, step_rows: u64, scratch: &mut Vec<(u64, u32)>) {
-    let (lo, hi) = picks.iter().fold((u64::MAX, 0), |(lo, hi), &(i, _)| {
-        (lo.min(i / step_rows), hi.max(i / step_rows))
-    });
+    let (first, last) = picks
+        .iter()
+        .fold((u64::MAX, 0), |(lo, hi), &(i, _)| (lo.min(i), hi.max(i)));
+    let (lo, hi) = (first / step_rows, last / step_rows);
     let span = hi.saturating_sub(lo).saturating_add(1);
     if span > picks.len() as u64 {
         // Sparse steps (tiny steps or a huge window): a plain sort costs less.
         return picks.sort_unstable_by_key(|&(i, _)| i);
     }
+    // Each pick's step, worked out once: a 64-bit division is most of what a pick costs.
+    let steps: Vec<u32> = picks
+        .iter()
+        .map(|&(i, _)| (i / step_rows - lo) as u32)
+        .collect();
     let mut start = vec![0usize; span as usize + 1];
-    for &(i, _) in picks.iter() {
-        start[(i / step_rows - lo) as usize + 1] += 1;
+    for &s in &steps {
+        start[s as usize + 1] += 1;
     }
     for s in 1..start.len() {
         start[s] += start[s - 1];
     }
     scratch.clear();
     scratch.resize(picks.len(), (0, 0));
-    for &(i, row) in picks.iter() {
-        let at = &mut start[(i / step_rows - lo) as usize];
-        scratch[*at] = (i, row);
+    for (&pick, &s) in picks.iter().zip(&steps) {
+        let at = &mut start[s as usize];
+        scratch[*at] = pick;
         *at += 1;
     }
     std::mem::swap(picks, scratch);

@@ -69,12 +69,7 @@ impl Strided {
         let (a, c) = (o / m, o % m);
         let draw = match &self.stratum {
             Some((s, draw)) if *s == a => draw,
-            _ => {
-                &self
-                    .stratum
-                    .insert((a, Self::draw(m, mix(self.key ^ mix(a)))))
-                    .1
-            }
+            _ => self.redraw(a),
         };
         let j = match draw {
             StratumDraw::Table(t) => u64::from(t[c as usize]),
@@ -83,12 +78,24 @@ impl Strided {
         j * self.strata + a
     }
 
-    fn draw(m: u64, key: u64) -> StratumDraw {
-        if m > TABLE_MAX {
-            return StratumDraw::Keyed(Permutation::new(m, key));
-        }
-        let mut table: Vec<u32> = (0..m as u32).collect();
-        shuffle(&mut table, key);
-        StratumDraw::Table(table)
+    /// Draws stratum `a`, refilling the last stratum's table rather than allocating one
+    /// (a window places a stratum every `m` rows: 16 for Criteo's defaults).
+    fn redraw(&mut self, a: u64) -> &StratumDraw {
+        let (m, key) = (self.batches, mix(self.key ^ mix(a)));
+        let draw = match self.stratum.take() {
+            _ if m > TABLE_MAX => StratumDraw::Keyed(Permutation::new(m, key)),
+            Some((_, StratumDraw::Table(mut table))) => {
+                table.clear();
+                table.extend(0..m as u32);
+                shuffle(&mut table, key);
+                StratumDraw::Table(table)
+            }
+            _ => {
+                let mut table: Vec<u32> = (0..m as u32).collect();
+                shuffle(&mut table, key);
+                StratumDraw::Table(table)
+            }
+        };
+        &self.stratum.insert((a, draw)).1
     }
 }

@@ -73,6 +73,12 @@ impl ParquetFooter {
         self.shell.schema()
     }
 
+    /// Column chunks the footer described: what decoding it whole allocated, at ~420
+    /// bytes each.
+    pub(super) fn chunks(&self) -> usize {
+        self.groups.iter().map(|g| g.columns.len()).sum()
+    }
+
     /// Rows of each row group, in file order.
     pub(super) fn group_rows(&self) -> impl Iterator<Item = u64> + '_ {
         self.groups.iter().map(|g| g.rows.max(0) as u64)

@@ -139,8 +139,18 @@ impl Inputs {
             }
         }
         let projection = vec![None; files.len()];
-        // Decoding footers whole took memory this thread will not use again.
-        crate::recycle::release_freed_memory();
+        // Decoding large footers whole took memory this thread will not use again (a
+        // followed folder's small files are not worth a walk of every heap each).
+        let chunks: usize = files
+            .iter()
+            .map(|f| match &f.format {
+                Format::Parquet { footer } => footer.chunks(),
+                Format::Ipc { .. } => 0,
+            })
+            .sum();
+        if chunks >= TRIM_AFTER_CHUNKS {
+            crate::recycle::release_freed_memory();
+        }
         Ok(Inputs {
             files,
             units,
@@ -504,6 +514,10 @@ fn open_file(path: &Path) -> Result<InputFile> {
     }
     Err(err("not a Parquet or Arrow IPC file".into()))
 }
+
+/// Parquet column chunks whose footers, decoded whole (~420 bytes each), are worth handing
+/// back once the inputs are open: about 1 MB.
+const TRIM_AFTER_CHUNKS: usize = 2500;
 
 /// The most rows all inputs may hold together: row ids and positions stay far from `u64`'s
 /// end in every sum and product placement makes of them. Footers state row counts, and a
