@@ -77,6 +77,19 @@ def ipc_files():
         put("ipc_file", name, sink.getvalue().to_pybytes())
 
 
+def parquet_files():
+    """Small Parquet files of a few layouts: row groups, codecs, dictionaries, nulls."""
+    import pyarrow.parquet as pq
+    t = pa.table({"a": pa.array([1.5, None, -2.0, 1e9] * 4), "c": pa.array(["x", None, "zz", "y"] * 4),
+                  "y": pa.array([0.0, 1.0, 1.0, 0.0] * 4, pa.float32())})
+    cases = {"groups": dict(row_group_size=5), "one": {}, "zstd": dict(compression="zstd"), "gzip": dict(compression="gzip"),
+             "plain": dict(use_dictionary=False, row_group_size=7), "v1": dict(data_page_version="1.0")}
+    for name, options in cases.items():
+        sink = pa.BufferOutputStream()
+        pq.write_table(t, sink, **options)
+        put("parquet_file", name, sink.getvalue().to_pybytes())
+
+
 def texts():
     for p in (ROOT / "examples").glob("*.toml"):
         put("pipeline_toml", p.stem, p.read_text())
@@ -100,4 +113,5 @@ def texts():
 if __name__ == "__main__":
     doput()
     ipc_files()
+    parquet_files()
     texts()
