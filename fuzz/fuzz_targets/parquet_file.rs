@@ -4,33 +4,19 @@
 //! footer promised, numbered from its first.
 #![no_main]
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
 use arrow::array::{Array, UInt64Array};
 use hydrant::source::Inputs;
 use libfuzzer_sys::fuzz_target;
 
-/// One scratch file per fuzzing process, rewritten for every input.
-fn scratch() -> &'static PathBuf {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        std::env::temp_dir().join(format!("hydrant-fuzz-{}.parquet", std::process::id()))
-    })
-}
-
-fn one_line_naming_the_file(e: impl std::fmt::Display) {
-    let e = e.to_string();
-    assert!(!e.contains('\n'), "one line: {e}");
-    assert!(e.contains("hydrant-fuzz-"), "names the file: {e}");
-}
+mod input_file;
+use input_file::{one_line_naming_the_file, scratch};
 
 fuzz_target!(|data: &[u8]| {
     // Other bytes are not opened as a Parquet file (the IPC target takes those).
     if !data.starts_with(b"PAR1") {
         return;
     }
-    let path = scratch();
+    let path = scratch("parquet");
     std::fs::write(path, data).expect("the scratch file is writable");
     let inputs = match Inputs::open(std::slice::from_ref(path), 64) {
         Ok(inputs) => inputs,

@@ -18,6 +18,7 @@ use arrow::array::{Array, ArrayData, ArrayRef, AsArray, RecordBatch, make_array}
 use arrow::buffer::{Buffer, MutableBuffer, NullBuffer};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 
+use super::gather::AHEAD;
 use crate::error::{Error, Result};
 use crate::recycle;
 use hydrant_operators::kernels::prefetch;
@@ -240,9 +241,7 @@ fn copy_fixed<const N: usize>(src: &[u8], dst: *mut u8, picks: &[(u32, u32)]) {
         return unsafe { stream_rows::<N>(rows, dst, picks) };
     }
     for (k, &(slot, row)) in picks.iter().enumerate() {
-        if let Some(&(_, ahead)) = picks.get(k + AHEAD) {
-            prefetch(&rows[ahead as usize]);
-        }
+        prefetch_ahead(rows, picks, k);
         let from: &[u8; N] = &rows[row as usize];
         let to = slot as usize * N;
         // Sixteen bytes at a time, unrolled (N is a constant): one array move of a long
@@ -276,9 +275,7 @@ fn copy_fixed<const N: usize>(src: &[u8], dst: *mut u8, picks: &[(u32, u32)]) {
 unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dst: *mut u8, picks: &[(u32, u32)]) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     for (k, &(slot, row)) in picks.iter().enumerate() {
-        if let Some(&(_, ahead)) = picks.get(k + AHEAD) {
-            prefetch(&rows[ahead as usize]);
-        }
+        prefetch_ahead(rows, picks, k);
         let from = rows[row as usize].as_ptr();
         let to = slot as usize * N;
         for c in 0..N / 16 {
@@ -296,11 +293,15 @@ unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dst: *mut u8, picks: &[(
     unsafe { _mm_sfence() };
 }
 
-/// How many picks ahead a source row is prefetched. A piece's rows for one step are one
-/// per stratum of its window (see `placement.rs`), a random row of every 16 or so, which
-/// the hardware prefetcher cannot guess: prefetching took 4% off a shuffled 10M-row run's
-/// CPU time (criteo, 2 ranks, 5 alternated runs).
-const AHEAD: usize = 8;
+/// Prefetches the source row of the pick [`AHEAD`] after the `k`-th. A piece's rows for
+/// one step are one per stratum of its window (see `placement.rs`), a random row of every
+/// 16 or so, which the hardware prefetcher cannot guess.
+#[inline]
+fn prefetch_ahead<const N: usize>(rows: &[[u8; N]], picks: &[(u32, u32)], k: usize) {
+    if let Some(&(_, ahead)) = picks.get(k + AHEAD) {
+        prefetch(&rows[ahead as usize]);
+    }
+}
 
 /// [`copy_fixed`] for any row size.
 fn copy_any(src: &[u8], dst: *mut u8, picks: &[(u32, u32)], n: usize) {

@@ -135,8 +135,9 @@ fn copy_rows<T: ArrowNativeType>(
 }
 
 /// Picks ahead whose source rows are prefetched: enough to cover a miss's latency with
-/// the copies in between, few enough that the lines are still in cache when copied.
-const AHEAD: usize = 12;
+/// the copies in between, few enough that the lines are still in cache when copied. A
+/// shuffled step's fill (`fill.rs`) prefetches as far ahead.
+pub(super) const AHEAD: usize = 12;
 
 fn copy_fixed<T: ArrowNativeType, const W: usize>(
     values: &[&[T]],

@@ -82,19 +82,17 @@ impl Strided {
     /// (a window places a stratum every `m` rows: 16 for Criteo's defaults).
     fn redraw(&mut self, a: u64) -> &StratumDraw {
         let (m, key) = (self.batches, mix(self.key ^ mix(a)));
-        let draw = match self.stratum.take() {
-            _ if m > TABLE_MAX => StratumDraw::Keyed(Permutation::new(m, key)),
-            Some((_, StratumDraw::Table(mut table))) => {
-                table.clear();
-                table.extend(0..m as u32);
-                shuffle(&mut table, key);
-                StratumDraw::Table(table)
-            }
-            _ => {
-                let mut table: Vec<u32> = (0..m as u32).collect();
-                shuffle(&mut table, key);
-                StratumDraw::Table(table)
-            }
+        let draw = if m > TABLE_MAX {
+            StratumDraw::Keyed(Permutation::new(m, key))
+        } else {
+            let mut table = match self.stratum.take() {
+                Some((_, StratumDraw::Table(table))) => table,
+                _ => Vec::new(),
+            };
+            table.clear();
+            table.extend(0..m as u32);
+            shuffle(&mut table, key);
+            StratumDraw::Table(table)
         };
         &self.stratum.insert((a, draw)).1
     }

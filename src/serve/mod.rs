@@ -142,10 +142,8 @@ impl ServedPipeline {
             errors: run.errors.clone(),
             workers: self.workers,
         };
-        let (placement, steps_cut) = (
-            *self.delivery.plan.placement(),
-            ingest.counts.steps_cut.clone(),
-        );
+        let placement = *self.delivery.plan.placement();
+        let steps_cut = ingest.counts.steps_cut.clone();
         let mut st = ingest.lock();
         // `PushedRows` places rows by the placement's stream form.
         st.rows_out = Some(PushedRows::new(placement, first, steps_cut, to));
