@@ -15,7 +15,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 
 use super::assemble::StepRun;
-use super::fill::{Fill, Sources};
+use super::fill::{Fill, Pick, Sources};
 use super::placement::Placement;
 use crate::error::{Error, Result};
 
@@ -57,30 +57,41 @@ impl Arena {
     /// Copies rows `picks` (`(slot, row)`) of `batch` into step `key` (made if new).
     #[cfg(test)]
     pub(crate) fn put(&self, key: Key, batch: &RecordBatch, picks: &[(u32, u32)]) -> Result<()> {
-        let sources = Sources::of(&self.schema, batch)?;
-        self.put_from(key, &sources, picks)
+        self.put_runs((key.0, key.2), batch, &[(key.1, picks.to_vec())])
     }
 
     /// Copies a piece's rows of `batch` (of `rank`, epoch `epoch`) into their steps:
-    /// `runs` as [`step_runs`](super::assemble::step_runs) gives them.
+    /// `runs` as [`step_runs`](super::assemble::step_runs) gives them (steps ascending).
+    /// The rows go in batch order, into all their steps at once (see [`Fill::put_many`]).
     pub(crate) fn put_runs(
         &self,
         (epoch, rank): (u64, usize),
         batch: &RecordBatch,
         runs: &[StepRun],
     ) -> Result<()> {
-        let sources = Sources::of(&self.schema, batch)?;
-        for (step, picks) in runs {
-            self.put_from((epoch, *step, rank), &sources, picks)?;
+        if runs.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(Error::Dataflow(
+                "a piece's steps are not in ascending order".into(),
+            ));
         }
-        Ok(())
-    }
-
-    fn put_from(&self, key: Key, sources: &Sources, picks: &[(u32, u32)]) -> Result<()> {
-        let step = self.steps().entry(key).or_default().clone();
-        let mut fill = step.lock().unwrap_or_else(PoisonError::into_inner);
-        let fill = fill.get_or_insert_with(|| Fill::new(&self.schema, self.batch_size));
-        fill.put_from(sources, picks)
+        let sources = Sources::of(&self.schema, batch)?;
+        let picks = in_row_order(runs, sources.rows())?;
+        let cells: Vec<_> = {
+            let mut steps = self.steps();
+            let mut cell = |step| steps.entry((epoch, step, rank)).or_default().clone();
+            runs.iter().map(|&(step, _)| cell(step)).collect()
+        };
+        // Locked in ascending step order, as every reader locks them: two readers whose
+        // batches feed the same steps cannot each hold one the other waits for.
+        let mut guards: Vec<_> = cells
+            .iter()
+            .map(|c| c.lock().unwrap_or_else(PoisonError::into_inner))
+            .collect();
+        let mut fills: Vec<&mut Fill> = guards
+            .iter_mut()
+            .map(|g| g.get_or_insert_with(|| Fill::new(&self.schema, self.batch_size)))
+            .collect();
+        Fill::put_many(&mut fills, &sources, &picks)
     }
 
     /// Takes step `key` out, once every row of it has been put.
@@ -96,6 +107,38 @@ impl Arena {
     pub(crate) fn forget(&self, epoch: u64, rank: usize) {
         self.steps().retain(|&(e, _, r), _| (e, r) != (epoch, rank));
     }
+}
+
+/// The picks of `runs` (`(slot, row)` per step) as `(row, run, slot)` in ascending row
+/// order, for a batch of `rows` rows: a row placed twice or past the batch is an error.
+fn in_row_order(runs: &[StepRun], rows: usize) -> Result<Vec<Pick>> {
+    const NONE: (u32, u32) = (u32::MAX, u32::MAX);
+    let mut at = vec![NONE; rows];
+    let mut n = 0;
+    for (run, (_, picks)) in runs.iter().enumerate() {
+        for &(slot, row) in picks {
+            match at.get_mut(row as usize) {
+                Some(to) if *to == NONE => *to = (run as u32, slot),
+                _ => {
+                    return Err(Error::Dataflow(format!(
+                        "row {row} of a batch of {rows} was placed twice or is out of range"
+                    )));
+                }
+            }
+            n += 1;
+        }
+    }
+    // Kept without a branch a row: which rows a rank takes of a stratum is random, and a
+    // mispredicted branch a row cost more than the rest of this function.
+    let mut picks = vec![(0, 0, 0); rows + 1];
+    let mut kept = 0;
+    for (row, &(run, slot)) in at.iter().enumerate() {
+        picks[kept] = (row as u32, run, slot);
+        kept += usize::from(run != u32::MAX);
+    }
+    debug_assert_eq!(kept, n);
+    picks.truncate(kept);
+    Ok(picks)
 }
 
 #[cfg(test)]
@@ -141,5 +184,32 @@ mod tests {
         arena.put((1, 0, 1), &source, &[(0, 0)]).unwrap();
         arena.forget(1, 1);
         assert!(arena.take((1, 0, 1)).is_err());
+    }
+
+    /// A piece's rows put into several steps come out in their slots; steps out of order
+    /// and a row placed twice are refused before anything is copied.
+    #[test]
+    fn a_piece_fills_its_steps_in_one_pass() {
+        let source = batch(0, 8, false);
+        let placement = Placement::new(2, 4, LastBatch::Pad, 0, Some(16)).unwrap();
+        let arena = Arena::new(&source.schema(), &placement).unwrap();
+        let runs: Vec<StepRun> = vec![
+            (2, vec![(0, 7), (1, 5), (2, 3), (3, 1)]),
+            (3, vec![(0, 6), (1, 4), (2, 2), (3, 0)]),
+        ];
+        let backwards: Vec<StepRun> = runs.iter().rev().cloned().collect();
+        assert!(arena.put_runs((0, 1), &source, &backwards).is_err());
+        let mut twice = runs.clone();
+        twice[1].1[0] = (0, 7);
+        assert!(arena.put_runs((0, 1), &source, &twice).is_err());
+        arena.put_runs((0, 1), &source, &runs).unwrap();
+        for (step, picks) in &runs {
+            let got = arena.take((0, *step, 1)).unwrap();
+            let got = got.finish(&source.schema(), 4).unwrap();
+            for &(slot, row) in picks {
+                let want = source.slice(row as usize, 1);
+                assert_eq!(got.slice(slot as usize, 1), want, "step {step} slot {slot}");
+            }
+        }
     }
 }

@@ -6,9 +6,10 @@
 //! Criteo rows, `--shuffle-window 65536` and `B = 4096`). Gathered at the end, each row
 //! was read long after it left the cache. Now the reader copies the rows for its own
 //! process's ranks while the batch is in its cache ([`Arena`](super::arena::Arena)), and
-//! an owner copies rows that came from another process when they arrive. With strided
+//! an owner copies rows that came from another process when they arrive. A piece's rows
+//! are copied in batch order, each into its own step ([`Fill::put_many`]); with strided
 //! windows (see `placement.rs`) a piece's rows of one step fill consecutive slots, so the
-//! writes run forward too.
+//! writes into each step run forward too.
 //!
 //! Only columns of fixed width (primitives, and `FixedSizeList`s of primitives without
 //! null items: every featurized column) can be filled; a plan with other columns keeps
@@ -38,6 +39,11 @@ pub(crate) struct Sources {
 }
 
 impl Sources {
+    /// Rows of the piece's batch.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
     /// `batch`'s columns, laid out as `schema`'s (which [`Fill::supports`]). Fails on a
     /// column of another layout.
     pub(crate) fn of(schema: &Schema, batch: &RecordBatch) -> Result<Self> {
@@ -115,36 +121,82 @@ impl Fill {
     pub(crate) fn put(&mut self, batch: &RecordBatch, picks: &[(u32, u32)]) -> Result<()> {
         let widths = self.columns.iter().map(|c| Some(c.row_bytes));
         let sources = Sources::new(batch, widths)?;
-        self.put_from(&sources, picks)
+        let picks: Vec<Pick> = picks.iter().map(|&(slot, row)| (row, 0, slot)).collect();
+        Fill::put_many(&mut [self], &sources, &picks)
     }
 
-    /// Copies rows of `sources` (made by [`Sources::of`] for this step's schema) into
-    /// their slots: `picks` are `(slot, row)`. Fails, copying nothing, on a slot
-    /// already filled or past `B`, or a row past the batch.
-    pub(crate) fn put_from(&mut self, sources: &Sources, picks: &[(u32, u32)]) -> Result<()> {
-        if sources.columns.len() != self.columns.len() {
+    /// Copies rows of `sources` into several steps of this schema and size at once:
+    /// `picks` are `(row, fill, slot)`, best in ascending row order. Fails, copying
+    /// nothing, on a slot already filled or past `B`, a row past the batch or a fill not
+    /// in `fills`.
+    ///
+    /// One pass over the batch's rows, each written to whichever step it belongs to, costs
+    /// about two thirds of a pass per step: a step takes one row in 16 of a batch (see
+    /// `placement.rs`), so step by step the batch was read 16 times out of order.
+    pub(crate) fn put_many(
+        fills: &mut [&mut Fill],
+        sources: &Sources,
+        picks: &[Pick],
+    ) -> Result<()> {
+        let Some(first) = fills.first() else {
+            return match picks.is_empty() {
+                true => Ok(()),
+                false => Err(layout("rows were put into no step")),
+            };
+        };
+        let (b, widths) = (first.filled.len(), first.widths().collect::<Vec<_>>());
+        if fills
+            .iter()
+            .any(|f| f.filled.len() != b || !f.widths().eq(widths.iter().copied()))
+            || sources.columns.len() != widths.len()
+        {
             return Err(layout("a piece has other columns than its step"));
         }
-        for (k, &(slot, row)) in picks.iter().enumerate() {
-            let free = self.filled.get(slot as usize).is_some_and(|f| !f);
+        for (&width, (bytes, _)) in widths.iter().zip(&sources.columns) {
+            if bytes.len() != sources.rows * width {
+                return Err(layout("a piece's column is not of its step's width"));
+            }
+        }
+        for (k, &(row, fill, slot)) in picks.iter().enumerate() {
+            let free = fills
+                .get(fill as usize)
+                .and_then(|f| f.filled.get(slot as usize))
+                .is_some_and(|f| !f);
             if !free || row as usize >= sources.rows {
-                for &(slot, _) in &picks[..k] {
-                    self.filled[slot as usize] = false;
+                for &(_, fill, slot) in &picks[..k] {
+                    fills[fill as usize].filled[slot as usize] = false;
                 }
                 return Err(Error::Dataflow(format!(
                     "slot {slot} of a step was filled twice or is out of range"
                 )));
             }
-            self.filled[slot as usize] = true;
+            fills[fill as usize].filled[slot as usize] = true;
         }
-        let b = self.filled.len();
-        for ((bytes, nulls), column) in sources.columns.iter().zip(&mut self.columns) {
-            if bytes.len() != sources.rows * column.row_bytes {
-                return Err(layout("a piece's column is not of its step's width"));
+        for (c, (bytes, nulls)) in sources.columns.iter().enumerate() {
+            let dsts: Vec<*mut u8> = fills
+                .iter_mut()
+                .map(|f| {
+                    let column = &mut f.columns[c];
+                    let room = column.values.capacity() >= b * column.row_bytes;
+                    assert!(room, "made so by Fill::new");
+                    column.values.as_mut_ptr()
+                })
+                .collect();
+            copy_rows(widths[c], bytes.as_slice(), &dsts, picks);
+            if let Some(nulls) = nulls.as_ref().filter(|n| n.null_count() > 0) {
+                for &(row, fill, slot) in picks {
+                    let column = &mut fills[fill as usize].columns[c];
+                    let validity = column.validity.get_or_insert_with(|| vec![true; b]);
+                    validity[slot as usize] = nulls.is_valid(row as usize);
+                }
             }
-            column.put(bytes, nulls.as_ref(), picks, b);
         }
         Ok(())
+    }
+
+    /// Bytes a row of each column takes.
+    fn widths(&self) -> impl Iterator<Item = usize> + '_ {
+        self.columns.iter().map(|c| c.row_bytes)
     }
 
     /// Slots filled so far.
@@ -171,37 +223,9 @@ impl Fill {
 }
 
 impl Column {
-    fn put(&mut self, bytes: &Buffer, nulls: Option<&NullBuffer>, picks: &[(u32, u32)], b: usize) {
-        let src = bytes.as_slice();
-        let dst = self.values.as_mut_ptr();
-        assert!(
-            self.values.capacity() >= b * self.row_bytes
-                && picks.iter().all(|p| (p.0 as usize) < b),
-            "checked by Fill::new and Fill::put"
-        );
-        // Rows of the sizes featurized columns have are copied as fixed-size arrays (a few
-        // vector moves each): a `memcpy` call per row and column was most of the copy.
-        macro_rules! fixed {
-            ($($n:literal)*) => {
-                match self.row_bytes {
-                    $($n => copy_fixed::<$n>(src, dst, picks),)*
-                    n => copy_any(src, dst, picks, n),
-                }
-            };
-        }
-        fixed!(1 2 4 8 12 16 20 24 28 32 36 40 44 48 52 56 60 64 72 80 88 96 104 112 120 128
-            136 144 152 160 168 176 184 192 200 208 216 224 232 240 248 256);
-        if let Some(nulls) = nulls.filter(|n| n.null_count() > 0) {
-            let validity = self.validity.get_or_insert_with(|| vec![true; b]);
-            for &(slot, row) in picks {
-                validity[slot as usize] = nulls.is_valid(row as usize);
-            }
-        }
-    }
-
     fn finish(mut self, data_type: &DataType, real: usize) -> Result<ArrayRef> {
         // SAFETY: `Fill::finish` checked that slots `0..real` were all written, each of
-        // `row_bytes` bytes by `Column::put`, and the buffer has room for them.
+        // `row_bytes` bytes by `Fill::put_many`, and the buffer has room for them.
         unsafe { self.values.set_len(real * self.row_bytes) };
         let values = recycle::freeze(self.values);
         let nulls = self
@@ -230,26 +254,47 @@ impl Column {
     }
 }
 
-/// Copies rows `picks` (`(slot, row)`) of `src`, `N` bytes a row, to their slots at `dst`.
-/// The caller makes sure every slot lies inside `dst`'s allocation.
-fn copy_fixed<const N: usize>(src: &[u8], dst: *mut u8, picks: &[(u32, u32)]) {
+/// A row of a batch and where it goes: `(row, fill, slot)`.
+pub(crate) type Pick = (u32, u32, u32);
+
+/// Copies rows `picks` of `src`, `n` bytes a row, to their slots: slot `slot` of fill
+/// `fill` is at `dsts[fill] + slot · n`. [`Fill::put_many`] checked every fill, slot
+/// and row, and each `dsts[fill]` has room for `B` rows (made so by [`Fill::new`]).
+fn copy_rows(n: usize, src: &[u8], dsts: &[*mut u8], picks: &[Pick]) {
+    // Rows of the sizes featurized columns have are copied as fixed-size arrays (a few
+    // vector moves each): a `memcpy` call per row and column was most of the copy.
+    macro_rules! fixed {
+        ($($n:literal)*) => {
+            match n {
+                $($n => copy_fixed::<$n>(src, dsts, picks),)*
+                n => copy_any(src, dsts, picks, n),
+            }
+        };
+    }
+    fixed!(1 2 4 8 12 16 20 24 28 32 36 40 44 48 52 56 60 64 72 80 88 96 104 112 120 128
+        136 144 152 160 168 176 184 192 200 208 216 224 232 240 248 256);
+}
+
+/// [`copy_rows`] for rows of `N` bytes.
+fn copy_fixed<const N: usize>(src: &[u8], dsts: &[*mut u8], picks: &[Pick]) {
     let rows = src.as_chunks::<N>().0;
     #[cfg(target_arch = "x86_64")]
-    if N.is_multiple_of(16) && dst.align_offset(16) == 0 {
-        // SAFETY: as below; every slot's address is 16-byte aligned (`dst` is, and `N` is
-        // a multiple of 16).
-        return unsafe { stream_rows::<N>(rows, dst, picks) };
+    if N.is_multiple_of(16) && dsts.iter().all(|d| d.align_offset(16) == 0) {
+        // SAFETY: as below; every slot's address is 16-byte aligned (each `dsts[fill]`
+        // is, and `N` is a multiple of 16).
+        return unsafe { stream_rows::<N>(rows, dsts, picks) };
     }
-    for (k, &(slot, row)) in picks.iter().enumerate() {
+    for (k, &(row, fill, slot)) in picks.iter().enumerate() {
         prefetch_ahead(rows, picks, k);
         let from: &[u8; N] = &rows[row as usize];
         let to = slot as usize * N;
+        let dst = dsts[fill as usize];
         // Sixteen bytes at a time, unrolled (N is a constant): one array move of a long
         // row compiles to a `memcpy` call.
         let (chunks, tail) = from.as_chunks::<16>();
         for (c, chunk) in chunks.iter().enumerate() {
-            // SAFETY: the caller checked that slot `slot` of `N` bytes is inside `dst`'s
-            // allocation, which nothing else reads or writes while this runs.
+            // SAFETY: `copy_rows`' caller checked that slot `slot` of `N` bytes is inside
+            // `dst`'s allocation, which nothing else reads or writes while this runs.
             unsafe {
                 dst.add(to + 16 * c)
                     .cast::<[u8; 16]>()
@@ -269,15 +314,16 @@ fn copy_fixed<const N: usize>(src: &[u8], dst: *mut u8, picks: &[(u32, u32)]) {
 /// in are traffic for nothing, and the rows would evict the featurized batch being read.
 ///
 /// # Safety
-/// Every slot of `picks` is inside `dst`'s allocation, which nothing else reads or writes
-/// while this runs, and `dst` is 16-byte aligned.
+/// Every slot of `picks` is inside its `dsts[fill]`'s allocation, which nothing else reads
+/// or writes while this runs, and every `dsts[fill]` is 16-byte aligned.
 #[cfg(target_arch = "x86_64")]
-unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dst: *mut u8, picks: &[(u32, u32)]) {
+unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dsts: &[*mut u8], picks: &[Pick]) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-    for (k, &(slot, row)) in picks.iter().enumerate() {
+    for (k, &(row, fill, slot)) in picks.iter().enumerate() {
         prefetch_ahead(rows, picks, k);
         let from = rows[row as usize].as_ptr();
         let to = slot as usize * N;
+        let dst = dsts[fill as usize];
         for c in 0..N / 16 {
             // SAFETY: the caller's contract: `to + 16·c` lies in the slot, 16-byte aligned;
             // the load reads 16 of the row's `N` bytes. SSE2 is part of x86_64.
@@ -293,22 +339,28 @@ unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dst: *mut u8, picks: &[(
     unsafe { _mm_sfence() };
 }
 
-/// Prefetches the source row of the pick [`AHEAD`] after the `k`-th. A piece's rows for
-/// one step are one per stratum of its window (see `placement.rs`), a random row of every
-/// 16 or so, which the hardware prefetcher cannot guess.
+/// Prefetches the source row of the pick [`AHEAD`] after the `k`-th: rows put step by
+/// step are one per stratum of a window (see `placement.rs`), a random row of every 16 or
+/// so, which the hardware prefetcher cannot guess.
 #[inline]
-fn prefetch_ahead<const N: usize>(rows: &[[u8; N]], picks: &[(u32, u32)], k: usize) {
-    if let Some(&(_, ahead)) = picks.get(k + AHEAD) {
+fn prefetch_ahead<const N: usize>(rows: &[[u8; N]], picks: &[Pick], k: usize) {
+    if let Some(&(ahead, _, _)) = picks.get(k + AHEAD) {
         prefetch(&rows[ahead as usize]);
     }
 }
 
 /// [`copy_fixed`] for any row size.
-fn copy_any(src: &[u8], dst: *mut u8, picks: &[(u32, u32)], n: usize) {
-    for &(slot, row) in picks {
+fn copy_any(src: &[u8], dsts: &[*mut u8], picks: &[Pick], n: usize) {
+    for &(row, fill, slot) in picks {
         let from = &src[row as usize * n..(row as usize + 1) * n];
         // SAFETY: as in `copy_fixed`; `from` is another buffer's bytes (no overlap).
-        unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), dst.add(slot as usize * n), n) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                from.as_ptr(),
+                dsts[fill as usize].add(slot as usize * n),
+                n,
+            )
+        };
     }
 }
 
@@ -410,6 +462,37 @@ mod tests {
         for &(slot, row) in &picks {
             let want = source.slice(row as usize, 1);
             assert_eq!(got.slice(slot as usize, 1), want, "slot {slot}");
+        }
+    }
+
+    /// One pass puts a batch's rows into three steps, as `take` would give each, nulls or
+    /// not; a pass with one bad pick (a slot taken, a fill or row out of range) copies
+    /// and marks nothing in any step.
+    #[test]
+    fn fills_several_steps_in_one_pass() {
+        for nulls in [false, true] {
+            let source = batch(0, 30, nulls);
+            let schema = source.schema();
+            let sources = Sources::of(&schema, &source).unwrap();
+            let mut steps: Vec<Fill> = (0..3).map(|_| Fill::new(&schema, 10)).collect();
+            // Row r goes to step (7·r mod 3), slot r / 3: every slot of every step once.
+            let picks: Vec<Pick> = (0..30).map(|r| (r, (7 * r) % 3, r / 3)).collect();
+            for bad in [(0, 1, 0), (0, 3, 9), (30, 0, 9)] {
+                let mut fills: Vec<&mut Fill> = steps.iter_mut().collect();
+                let mut with_bad = picks.clone();
+                with_bad.push(bad);
+                assert!(Fill::put_many(&mut fills, &sources, &with_bad).is_err());
+                assert!(fills.iter().all(|f| f.rows() == 0), "{bad:?}");
+            }
+            let mut fills: Vec<&mut Fill> = steps.iter_mut().collect();
+            Fill::put_many(&mut fills, &sources, &picks).unwrap();
+            for (s, fill) in steps.into_iter().enumerate() {
+                let got = fill.finish(&schema, 10).unwrap();
+                for &(row, _, slot) in picks.iter().filter(|p| p.1 as usize == s) {
+                    let want = source.slice(row as usize, 1);
+                    assert_eq!(got.slice(slot as usize, 1), want, "step {s} slot {slot}");
+                }
+            }
         }
     }
 
