@@ -12,10 +12,11 @@
 //! crate gives a few buffers huge pages without taking over every allocation, and
 //! jemalloc and mimalloc as the global allocator peaked higher (bench/analysis.md).
 //!
-//! A chunk holds [`BLOCKS`] blocks of one size; a block goes back to its chunk when the
-//! last buffer made from it is dropped. The chunks are bounded ([`KEEP_BYTES`] in all;
-//! past that a step's buffers come from the allocator as before), and a chunk none of
-//! whose blocks is lent is unmapped by [`release_idle`] (the server's periodic sweep).
+//! A chunk holds blocks of one size (at least [`BLOCKS`] of them, and none under
+//! [`MIN_BLOCK`]); a block goes back to its chunk when the last buffer made from it is
+//! dropped. The chunks are bounded ([`KEEP_BYTES`] in all; past that a step's buffers come
+//! from the allocator as before), and a chunk none of whose blocks is lent is unmapped by
+//! [`release_idle`] (the server's periodic sweep).
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,8 +24,11 @@ use std::time::{Duration, Instant};
 
 use arrow::buffer::Buffer;
 
-/// Blocks a chunk is cut into.
+/// Blocks a chunk is cut into, at least (as many as fill its huge pages).
 const BLOCKS: usize = 16;
+/// Smaller blocks are not taken from chunks: the allocator serves them from memory it
+/// holds, and a chunk of such blocks would be mostly empty huge pages.
+const MIN_BLOCK: usize = 64 << 10;
 /// The most the chunks may hold in all, in bytes.
 const KEEP_BYTES: usize = 256 << 20;
 /// A huge page on x86_64 (and aarch64 with 4 KiB pages); chunks are a multiple of it and
@@ -35,7 +39,8 @@ const HUGE: usize = 2 << 20;
 static CHUNKS: Chunks = Chunks::new(KEEP_BYTES);
 
 /// A block of at least `len` bytes, 64-byte aligned (its bytes are what its last user
-/// left); `None` when the chunks are at their bound or the system refused a new one.
+/// left); `None` for less than [`MIN_BLOCK`], when the chunks are at their bound, or when
+/// the system refused a new one.
 pub(crate) fn take(len: usize) -> Option<Block> {
     CHUNKS.take(len)
 }
@@ -64,7 +69,10 @@ impl Chunks {
     }
 
     fn take(&self, len: usize) -> Option<Block> {
-        let size = len.max(1).next_multiple_of(64);
+        if len < MIN_BLOCK {
+            return None;
+        }
+        let size = len.next_multiple_of(64);
         let mut all = self.all();
         for chunk in all.iter().filter(|c| c.block == size) {
             if let Some(index) = chunk.lend() {
@@ -74,10 +82,11 @@ impl Chunks {
         }
         let held: usize = all.iter().map(|c| c.len).sum();
         let len = size.checked_mul(BLOCKS)?.checked_next_multiple_of(HUGE)?;
+        let blocks = len / size;
         if held.saturating_add(len) > self.keep {
             return None;
         }
-        let chunk = Arc::new(Chunk::map(len, size)?);
+        let chunk = Arc::new(Chunk::map(len, size, blocks)?);
         let index = chunk.lend()?;
         all.push(chunk.clone());
         Some(Block { chunk, index })
@@ -105,7 +114,7 @@ pub(crate) struct Block {
 impl Block {
     /// The block's first byte; it has room for the `len` asked of [`take`].
     pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
-        // SAFETY: `index < BLOCKS` and `BLOCKS · block ≤ len`: the offset stays inside the
+        // SAFETY: `index < blocks` and `blocks · block ≤ len`: the offset stays inside the
         // chunk's mapping.
         unsafe { self.chunk.base.as_ptr().add(self.index * self.chunk.block) }
     }
@@ -133,11 +142,12 @@ impl Drop for Block {
     }
 }
 
-/// A mapping cut into [`BLOCKS`] blocks of one size.
+/// A mapping cut into blocks of one size.
 struct Chunk {
     base: NonNull<u8>,
     len: usize,
     block: usize,
+    blocks: usize,
     /// Blocks not lent, and when a block last came back.
     free: Mutex<(Vec<usize>, Instant)>,
 }
@@ -149,14 +159,15 @@ unsafe impl Send for Chunk {}
 unsafe impl Sync for Chunk {}
 
 impl Chunk {
-    /// Maps `len` bytes (a multiple of [`HUGE`], at least `BLOCKS · block`).
-    fn map(len: usize, block: usize) -> Option<Chunk> {
+    /// Maps `len` bytes (a multiple of [`HUGE`], at least `blocks · block`).
+    fn map(len: usize, block: usize, blocks: usize) -> Option<Chunk> {
         let base = map_huge(len)?;
         Some(Chunk {
             base,
             len,
             block,
-            free: Mutex::new(((0..BLOCKS).rev().collect(), Instant::now())),
+            blocks,
+            free: Mutex::new(((0..blocks).rev().collect(), Instant::now())),
         })
     }
 
@@ -176,7 +187,7 @@ impl Chunk {
 
     fn idle_for(&self, idle: Duration) -> bool {
         let free = self.free();
-        free.0.len() == BLOCKS && free.1.elapsed() >= idle
+        free.0.len() == self.blocks && free.1.elapsed() >= idle
     }
 }
 
@@ -255,9 +266,11 @@ mod tests {
     #[test]
     fn blocks_are_lent_once_shared_safely_bounded_and_released() {
         let len: usize = 100_000;
-        let chunk_len = len.next_multiple_of(64) * BLOCKS;
-        let chunks = Chunks::new(chunk_len.next_multiple_of(HUGE));
-        let mut blocks: Vec<Block> = (0..BLOCKS).map(|_| chunks.take(len).unwrap()).collect();
+        let chunk_len = (len.next_multiple_of(64) * BLOCKS).next_multiple_of(HUGE);
+        let per_chunk = chunk_len / len.next_multiple_of(64);
+        let chunks = Chunks::new(chunk_len);
+        assert!(chunks.take(MIN_BLOCK - 1).is_none());
+        let mut blocks: Vec<Block> = (0..per_chunk).map(|_| chunks.take(len).unwrap()).collect();
         let mut starts: Vec<usize> = blocks.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
         assert!(starts.iter().all(|s| s % 64 == 0));
         starts.sort_unstable();
@@ -286,7 +299,7 @@ mod tests {
         drop(blocks);
         assert_eq!(chunks.release_idle(Duration::from_secs(60)), 0);
         let held = chunks.held();
-        assert_eq!(held, chunk_len.next_multiple_of(HUGE));
+        assert_eq!(held, chunk_len);
         assert_eq!(chunks.release_idle(Duration::ZERO), held);
         assert_eq!(chunks.held(), 0);
         assert!(chunks.take(len).is_some());

@@ -22,6 +22,9 @@ use crate::error::{Error, Result};
 /// A step's key: epoch, step, rank.
 type Key = (u64, u64, usize);
 
+/// Rows put into each of a rank's steps, steps ascending: `(rank, [(step, rows)])`.
+pub(crate) type RankCounts = (usize, Vec<(u64, usize)>);
+
 /// The steps of a run's process being filled (see the module).
 pub struct Arena {
     schema: SchemaRef,
@@ -81,8 +84,8 @@ impl Arena {
             let mut cell = |step| steps.entry((epoch, step, rank)).or_default().clone();
             runs.iter().map(|&(step, _)| cell(step)).collect()
         };
-        // Locked in ascending step order, as every reader locks them: two readers whose
-        // batches feed the same steps cannot each hold one the other waits for.
+        // Locked in ascending step order (the order of `put_picks` too): two readers
+        // whose batches feed the same steps cannot each hold one the other waits for.
         let mut guards: Vec<_> = cells
             .iter()
             .map(|c| c.lock().unwrap_or_else(PoisonError::into_inner))
@@ -92,6 +95,65 @@ impl Arena {
             .map(|g| g.get_or_insert_with(|| Fill::new(&self.schema, self.batch_size)))
             .collect();
         Fill::put_many(&mut fills, &sources, &picks)
+    }
+
+    /// Copies rows of `batch` (epoch `epoch`) into their steps in one pass: `picks` are
+    /// `(row, fill, slot)` in row order, fill `k` being step `steps[k]` = `(step, rank)`
+    /// (as [`strided_picks`](super::piece::strided_picks) makes them; fills no pick names
+    /// are not made). Returns, per rank, the rows put into each of its steps, steps
+    /// ascending.
+    pub(crate) fn put_picks(
+        &self,
+        epoch: u64,
+        batch: &RecordBatch,
+        steps: &[(u64, usize)],
+        picks: &mut [Pick],
+    ) -> Result<Vec<RankCounts>> {
+        let sources = Sources::of(&self.schema, batch)?;
+        let mut rows = vec![0usize; steps.len()];
+        for &(_, fill, _) in picks.iter() {
+            let count = rows.get_mut(fill as usize).ok_or_else(|| {
+                Error::Dataflow(format!("a row was put into fill {fill} of {}", steps.len()))
+            })?;
+            *count += 1;
+        }
+        // The steps that take rows, in (step, rank) order, which is the order they are
+        // locked in; picks are renumbered to match.
+        let mut used: Vec<usize> = (0..steps.len()).filter(|&k| rows[k] > 0).collect();
+        used.sort_unstable_by_key(|&k| steps[k]);
+        if used.windows(2).any(|w| steps[w[0]] == steps[w[1]]) {
+            return Err(Error::Dataflow("a step was named twice in one put".into()));
+        }
+        let mut renumber = vec![0u32; steps.len()];
+        for (new, &k) in used.iter().enumerate() {
+            renumber[k] = new as u32;
+        }
+        for pick in picks.iter_mut() {
+            pick.1 = renumber[pick.1 as usize];
+        }
+        let cells: Vec<_> = {
+            let mut all = self.steps();
+            let mut cell = |(step, rank)| all.entry((epoch, step, rank)).or_default().clone();
+            used.iter().map(|&k| cell(steps[k])).collect()
+        };
+        let mut guards: Vec<_> = cells
+            .iter()
+            .map(|c| c.lock().unwrap_or_else(PoisonError::into_inner))
+            .collect();
+        let mut fills: Vec<&mut Fill> = guards
+            .iter_mut()
+            .map(|g| g.get_or_insert_with(|| Fill::new(&self.schema, self.batch_size)))
+            .collect();
+        Fill::put_many(&mut fills, &sources, picks)?;
+        let mut by_rank: Vec<RankCounts> = Vec::new();
+        for &k in &used {
+            let (step, rank) = steps[k];
+            match by_rank.iter_mut().find(|(r, _)| *r == rank) {
+                Some((_, counts)) => counts.push((step, rows[k])),
+                None => by_rank.push((rank, vec![(step, rows[k])])),
+            }
+        }
+        Ok(by_rank)
     }
 
     /// Takes step `key` out, once every row of it has been put.
@@ -207,6 +269,57 @@ mod tests {
             let got = arena.take((0, *step, 1)).unwrap();
             let got = got.finish(&source.schema(), 4).unwrap();
             for &(slot, row) in picks {
+                let want = source.slice(row as usize, 1);
+                assert_eq!(got.slice(slot as usize, 1), want, "step {step} slot {slot}");
+            }
+        }
+    }
+
+    /// Rows put by pick go into the steps named, which are counted by rank, steps
+    /// ascending; a step no pick names is not made; a fill out of range or a step named
+    /// twice is refused before anything is copied.
+    #[test]
+    fn picks_fill_the_steps_they_name() {
+        let source = batch(0, 6, false);
+        let placement = Placement::new(2, 2, LastBatch::Pad, 0, Some(4)).unwrap();
+        let arena = Arena::new(&source.schema(), &placement).unwrap();
+        // Fill 0 is step 5 of rank 1, fill 1 step 4 of rank 0 (never named), fill 2 step 4
+        // of rank 1, fill 3 step 3 of rank 1.
+        let steps = [(5, 1), (4, 0), (4, 1), (3, 1)];
+        let picks = vec![
+            (0, 0, 1),
+            (1, 2, 0),
+            (2, 3, 1),
+            (3, 0, 0),
+            (4, 3, 0),
+            (5, 2, 1),
+        ];
+        assert!(
+            arena
+                .put_picks(0, &source, &steps, &mut [(0, 4, 0)])
+                .is_err()
+        );
+        let twice = [(5, 1), (5, 1)];
+        assert!(
+            arena
+                .put_picks(0, &source, &twice, &mut [(0, 0, 0), (1, 1, 1)])
+                .is_err()
+        );
+        let counts = arena
+            .put_picks(0, &source, &steps, &mut picks.clone())
+            .unwrap();
+        assert_eq!(counts, vec![(1, vec![(3, 2), (4, 2), (5, 2)])]);
+        assert!(
+            arena.take((0, 4, 0)).is_err(),
+            "a step no row went to was made"
+        );
+        for (fill, step) in [(0, 5), (2, 4), (3, 3)] {
+            let got = arena
+                .take((0, step, 1))
+                .unwrap()
+                .finish(&source.schema(), 2);
+            let got = got.unwrap();
+            for &(row, _, slot) in picks.iter().filter(|p| p.1 == fill) {
                 let want = source.slice(row as usize, 1);
                 assert_eq!(got.slice(slot as usize, 1), want, "step {step} slot {slot}");
             }

@@ -111,34 +111,46 @@ impl Assembler {
 
     /// Takes a piece of this rank's rows.
     pub fn push(&mut self, piece: &Piece) -> Result<()> {
-        if piece.filled && self.arena.is_none() {
-            return Err(Error::Dataflow(
-                "a step filled in an arena reached an owner without one".into(),
-            ));
+        if piece.filled {
+            if self.arena.is_none() {
+                return Err(Error::Dataflow(
+                    "a step filled in an arena reached an owner without one".into(),
+                ));
+            }
+            // The reader put the rows in the arena: they are only counted.
+            for &(step, rows) in piece.counts() {
+                self.count(piece.epoch, step, rows)?;
+            }
+            return Ok(());
         }
-        let b = self.placement.batch_size();
-        let mut filled = Vec::new();
+        let (mut filled, in_arena) = (Vec::new(), self.arena.is_some());
         for (step, picks) in step_runs(&self.placement, self.rank, piece)? {
-            if (piece.epoch, step) < (self.epoch, self.next_step) {
-                return Err(self.duplicate(piece.epoch, step));
-            }
-            let parts = self.pending.entry((piece.epoch, step)).or_default();
-            if parts.rows + picks.len() > b {
-                return Err(self.duplicate(piece.epoch, step));
-            }
-            parts.rows += picks.len();
-            match self.arena {
-                Some(_) => filled.push((step, picks)),
-                None => parts.parts.push((piece.batch().clone(), picks)),
+            let parts = self.count(piece.epoch, step, picks.len())?;
+            match in_arena {
+                true => filled.push((step, picks)),
+                false => parts.parts.push((piece.batch().clone(), picks)),
             }
         }
         match &self.arena {
-            // Unless the reader put the rows in the arena already.
-            Some(arena) if !piece.filled => {
-                arena.put_runs((piece.epoch, self.rank), piece.batch(), &filled)
-            }
-            _ => Ok(()),
+            Some(arena) => arena.put_runs((piece.epoch, self.rank), piece.batch(), &filled),
+            None => Ok(()),
         }
+    }
+
+    /// Counts `rows` more rows of `step` of `epoch` in: an error if the step was emitted
+    /// already or would hold more than `B`.
+    fn count(&mut self, epoch: u64, step: u64, rows: usize) -> Result<&mut Parts> {
+        let b = self.placement.batch_size();
+        if (epoch, step) < (self.epoch, self.next_step) {
+            return Err(self.duplicate(epoch, step));
+        }
+        let have = self.pending.get(&(epoch, step)).map_or(0, |p| p.rows);
+        if have + rows > b {
+            return Err(self.duplicate(epoch, step));
+        }
+        let parts = self.pending.entry((epoch, step)).or_default();
+        parts.rows += rows;
+        Ok(parts)
     }
 
     fn duplicate(&self, epoch: u64, step: u64) -> Error {

@@ -14,7 +14,7 @@ use hydrant_operators::{Batch, ErrorSlot, ROW_ID};
 use super::Delivery;
 use super::arena::Arena;
 use super::assemble::step_runs;
-use super::piece::{Piece, split, split_at};
+use super::piece::{Piece, split, split_at, strided_picks};
 use super::placement::Placement;
 use super::plan::Ownership;
 use super::wire::Pieces;
@@ -46,6 +46,7 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
     ) -> Stream<'s, u64, Pieces> {
         self.unary::<CapacityContainerBuilder<Pieces>, _, _, _>(Pipeline, "Place", move |_, _| {
             let mut pieces = Vec::new();
+            let (mut steps, mut picks) = (Vec::new(), Vec::new());
             move |input, output| {
                 let _running = hydrant_operators::running::enter("place");
                 input.for_each(|time, data| {
@@ -57,6 +58,32 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                         }
                         let (epoch, pos) = (b.seq / rows, b.seq % rows);
                         let deliver = delivery.indices(epoch);
+                        // Rows of strided windows of this process's ranks go straight into
+                        // the arena, each placed once.
+                        if let Some((arena, ownership, process)) = &fill
+                            && delivery.only.is_none()
+                            && strided_picks(
+                                plan.placement(),
+                                epoch,
+                                rows,
+                                (pos, b.data.num_rows()),
+                                &deliver,
+                                |rank| ownership.process(rank) == *process,
+                                &mut steps,
+                                &mut picks,
+                            )
+                        {
+                            match arena.put_picks(epoch, &b.data, &steps, &mut picks) {
+                                Ok(by_rank) => {
+                                    for (rank, counts) in by_rank {
+                                        let schema = b.data.schema();
+                                        session.give(Piece::filled(epoch, rank, counts, schema));
+                                    }
+                                }
+                                Err(e) => return errors.set("place", e),
+                            }
+                            continue;
+                        }
                         if delivery.only.is_none() {
                             split(
                                 plan.placement(),
@@ -89,11 +116,10 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                                 Some((arena, ownership, process))
                                     if ownership.process(piece.rank) == *process =>
                                 {
-                                    if let Err(e) = put(arena, plan.placement(), &piece) {
-                                        errors.set("place", e);
-                                        return;
+                                    match put(arena, plan.placement(), &piece) {
+                                        Ok(filled) => filled,
+                                        Err(e) => return errors.set("place", e),
                                     }
-                                    piece.into_filled()
                                 }
                                 _ => piece,
                             };
@@ -106,10 +132,20 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
     }
 }
 
-/// Puts `piece`'s rows in the arena.
-fn put(arena: &Arena, placement: &Placement, piece: &Piece) -> crate::error::Result<()> {
+/// Puts `piece`'s rows in the arena; returns the piece that counts them for the owner.
+fn put(arena: &Arena, placement: &Placement, piece: &Piece) -> crate::error::Result<Piece> {
     let runs = step_runs(placement, piece.rank, piece)?;
-    arena.put_runs((piece.epoch, piece.rank), piece.batch(), &runs)
+    arena.put_runs((piece.epoch, piece.rank), piece.batch(), &runs)?;
+    let counts = runs
+        .iter()
+        .map(|(step, picks)| (*step, picks.len()))
+        .collect();
+    Ok(Piece::filled(
+        piece.epoch,
+        piece.rank,
+        counts,
+        piece.batch().schema(),
+    ))
 }
 
 fn row_ids(batch: &RecordBatch) -> Option<&[u64]> {

@@ -67,15 +67,27 @@ impl Strided {
     fn apply(&mut self, o: u64) -> u64 {
         let m = self.batches;
         let (a, c) = (o / m, o % m);
+        self.batch_of(a, c) * self.strata + a
+    }
+
+    /// `m`: the window's batches, and the positions of a stratum.
+    pub(crate) fn batches(&self) -> u64 {
+        self.batches
+    }
+
+    /// The batch of the window that row `c` of stratum `a` goes to (at slot `a`): what
+    /// [`WindowOrder::apply`] works out, for a caller that walks the window's positions
+    /// in order and so knows `a` and `c` without dividing.
+    #[inline]
+    pub(crate) fn batch_of(&mut self, a: u64, c: u64) -> u64 {
         let draw = match &self.stratum {
             Some((s, draw)) if *s == a => draw,
             _ => self.redraw(a),
         };
-        let j = match draw {
+        match draw {
             StratumDraw::Table(t) => u64::from(t[c as usize]),
             StratumDraw::Keyed(p) => p.apply(c),
-        };
-        j * self.strata + a
+        }
     }
 
     /// Draws stratum `a`, refilling the last stratum's table rather than allocating one
