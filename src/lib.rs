@@ -67,7 +67,6 @@ pub mod remote;
 pub mod runtime;
 pub mod serve;
 pub mod sink;
-mod slab;
 pub mod source;
 mod spec;
 

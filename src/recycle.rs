@@ -39,10 +39,9 @@ pub(crate) fn freeze(buffer: MutableBuffer) -> Buffer {
     POOL.freeze(buffer)
 }
 
-/// Frees the pooled buffers no read has taken for `idle`, and the shuffled steps' chunks
-/// none of whose blocks has been lent for as long (`slab.rs`); returns how many bytes.
+/// Frees the pooled buffers no read has taken for `idle`; returns how many bytes.
 pub fn release_idle(idle: Duration) -> usize {
-    POOL.release_idle(idle) + crate::slab::release_idle(idle)
+    POOL.release_idle(idle)
 }
 
 /// Hands memory freed in glibc's heaps back to the system. glibc keeps the free pages of

@@ -15,8 +15,6 @@
 //! null items: every featurized column) can be filled; a plan with other columns keeps
 //! gathering ([`Fill::supports`]).
 
-use std::sync::Arc;
-
 use arrow::array::{Array, ArrayData, ArrayRef, AsArray, RecordBatch, make_array};
 use arrow::buffer::{Buffer, MutableBuffer, NullBuffer};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
@@ -24,7 +22,6 @@ use arrow::datatypes::{DataType, Schema, SchemaRef};
 use super::gather::AHEAD;
 use crate::error::{Error, Result};
 use crate::recycle;
-use crate::slab::{self, Block};
 use hydrant_operators::kernels::prefetch;
 
 /// One step's rows, filled slot by slot.
@@ -32,9 +29,6 @@ pub(crate) struct Fill {
     columns: Vec<Column>,
     /// Which slots hold a row.
     filled: Vec<bool>,
-    /// Every column's rows, one after another (64-byte aligned), when a huge-page block
-    /// was to be had (see `slab.rs`); else each column has a buffer of its own.
-    block: Option<Block>,
 }
 
 /// A piece's columns as rows of bytes, with their nulls: made once a piece, for the
@@ -85,21 +79,11 @@ impl Sources {
 /// One column of a step: `B` rows of `row_bytes` bytes, written as they arrive.
 struct Column {
     row_bytes: usize,
-    /// Where the rows are: bytes `offset..` of the step's block, or a buffer of their own.
-    /// Either has room for `B` rows; bytes are only written through its pointer, one row
-    /// at a time, into slots below `B` (the buffer's length stays 0 until
-    /// [`Fill::finish`]).
-    values: Values,
+    /// Room for `B` rows; its length stays 0 until [`Fill::finish`], and bytes are only
+    /// written through its pointer, one row at a time, into slots below `B`.
+    values: MutableBuffer,
     /// Which rows are valid, once a piece brought a null.
     validity: Option<Vec<bool>>,
-}
-
-/// Where a column's rows are written.
-enum Values {
-    /// At this offset of the step's block.
-    Block(usize),
-    /// In a buffer of the column's own.
-    Own(MutableBuffer),
 }
 
 impl Fill {
@@ -113,25 +97,14 @@ impl Fill {
 
     /// An empty step of `b` slots for the columns of `schema` (which [`Fill::supports`]).
     pub(crate) fn new(schema: &Schema, b: usize) -> Self {
-        let widths: Vec<usize> = schema
+        let columns = schema
             .fields()
             .iter()
-            .map(|f| row_bytes(f.data_type()).unwrap_or(0))
-            .collect();
-        let total = widths.iter().map(|w| (b * w).next_multiple_of(64)).sum();
-        let block = slab::take(total);
-        let mut offset = 0;
-        let columns = widths
-            .into_iter()
-            .map(|row_bytes| {
-                let values = match block {
-                    Some(_) => Values::Block(offset),
-                    None => Values::Own(recycle::take(b * row_bytes)),
-                };
-                offset += (b * row_bytes).next_multiple_of(64);
+            .map(|f| {
+                let row_bytes = row_bytes(f.data_type()).unwrap_or(0);
                 Column {
                     row_bytes,
-                    values,
+                    values: recycle::take(b * row_bytes),
                     validity: None,
                 }
             })
@@ -139,7 +112,6 @@ impl Fill {
         Fill {
             columns,
             filled: vec![false; b],
-            block,
         }
     }
 
@@ -201,7 +173,15 @@ impl Fill {
             fills[fill as usize].filled[slot as usize] = true;
         }
         for (c, (bytes, nulls)) in sources.columns.iter().enumerate() {
-            let dsts: Vec<*mut u8> = fills.iter_mut().map(|f| f.column_ptr(c)).collect();
+            let dsts: Vec<*mut u8> = fills
+                .iter_mut()
+                .map(|f| {
+                    let column = &mut f.columns[c];
+                    let room = column.values.capacity() >= b * column.row_bytes;
+                    assert!(room, "made so by Fill::new");
+                    column.values.as_mut_ptr()
+                })
+                .collect();
             copy_rows(widths[c], bytes.as_slice(), &dsts, picks);
             if let Some(nulls) = nulls.as_ref().filter(|n| n.null_count() > 0) {
                 for &(row, fill, slot) in picks {
@@ -212,25 +192,6 @@ impl Fill {
             }
         }
         Ok(())
-    }
-
-    /// Where column `c`'s rows go: room for `B` of them.
-    fn column_ptr(&mut self, c: usize) -> *mut u8 {
-        let b = self.filled.len();
-        let column = &mut self.columns[c];
-        match (&mut column.values, &mut self.block) {
-            // SAFETY: `Fill::new` gave the column `B · row_bytes` bytes from `offset` inside
-            // the block.
-            (Values::Block(offset), Some(block)) => unsafe { block.as_mut_ptr().add(*offset) },
-            (Values::Own(values), _) => {
-                assert!(
-                    values.capacity() >= b * column.row_bytes,
-                    "made so by Fill::new"
-                );
-                values.as_mut_ptr()
-            }
-            (Values::Block(_), None) => unreachable!("a block's columns come with it"),
-        }
     }
 
     /// Bytes a row of each column takes.
@@ -251,36 +212,22 @@ impl Fill {
                 self.rows()
             )));
         }
-        let block = self.block.map(Arc::new);
         let columns = self
             .columns
             .into_iter()
             .zip(schema.fields())
-            .map(|(column, field)| column.finish(block.as_ref(), field.data_type(), real))
+            .map(|(column, field)| column.finish(field.data_type(), real))
             .collect::<Result<Vec<_>>>()?;
         Ok(RecordBatch::try_new(schema.clone(), columns)?)
     }
 }
 
 impl Column {
-    fn finish(
-        self,
-        block: Option<&Arc<Block>>,
-        data_type: &DataType,
-        real: usize,
-    ) -> Result<ArrayRef> {
-        let len = real * self.row_bytes;
-        let values = match (self.values, block) {
-            // SAFETY: `Fill::finish` checked that slots `0..real` were all written, each of
-            // `row_bytes` bytes by `Fill::put_many`, inside the column's part of the block.
-            (Values::Block(offset), Some(block)) => unsafe { block.share(offset, len) },
-            (Values::Own(mut values), _) => {
-                // SAFETY: as above, and the buffer has room for them.
-                unsafe { values.set_len(len) };
-                recycle::freeze(values)
-            }
-            (Values::Block(_), None) => unreachable!("a block's columns come with it"),
-        };
+    fn finish(mut self, data_type: &DataType, real: usize) -> Result<ArrayRef> {
+        // SAFETY: `Fill::finish` checked that slots `0..real` were all written, each of
+        // `row_bytes` bytes by `Fill::put_many`, and the buffer has room for them.
+        unsafe { self.values.set_len(real * self.row_bytes) };
+        let values = recycle::freeze(self.values);
         let nulls = self
             .validity
             .map(|v| NullBuffer::from(v[..real].to_vec()))
