@@ -31,8 +31,8 @@ pub(crate) struct Fill {
     filled: Vec<bool>,
 }
 
-/// A piece's columns as rows of bytes, with their nulls: made once a piece, for the
-/// [`Fill::put_from`] calls of all its steps.
+/// A piece's columns as rows of bytes, with their nulls: made once a piece, for
+/// [`Fill::put_many`].
 pub(crate) struct Sources {
     columns: Vec<(Buffer, Option<NullBuffer>)>,
     rows: usize,
@@ -339,9 +339,10 @@ unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dsts: &[*mut u8], picks:
     unsafe { _mm_sfence() };
 }
 
-/// Prefetches the source row of the pick [`AHEAD`] after the `k`-th: rows put step by
-/// step are one per stratum of a window (see `placement.rs`), a random row of every 16 or
-/// so, which the hardware prefetcher cannot guess.
+/// Prefetches the source row of the pick [`AHEAD`] after the `k`-th. Picks ascend by row
+/// now, but one rank's rows of a batch (an owner's, or the general path's) skip a random
+/// part of every stratum; with rows put step by step (a random row of every 16) this
+/// prefetch was worth 10–20% of the copy, and in row order it measured no worse.
 #[inline]
 fn prefetch_ahead<const N: usize>(rows: &[[u8; N]], picks: &[Pick], k: usize) {
     if let Some(&(ahead, _, _)) = picks.get(k + AHEAD) {

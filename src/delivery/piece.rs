@@ -1,5 +1,8 @@
 //! The reader's half of delivery: each featurized batch is placed row by row and split
-//! into [`Piece`]s, one per destination rank, which travel to the rank's owner.
+//! into [`Piece`]s, one per destination rank, which travel to the rank's owner; or, when
+//! its rows lie in strided windows of the process's own ranks, placed as it is walked and
+//! put straight into the process's arena ([`strided_picks`]), its pieces only counting
+//! the rows.
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -281,8 +284,6 @@ pub fn rank_rows(
     mine
 }
 
-/// Calls `f(index, row)` for each row (the `row`-th of `positions`, which ascend) whose
-/// output index is in `deliver`. A window's permutation is made once for its run of rows.
 /// Where the rows of a batch at positions `first_pos..first_pos + n` of `epoch` (of `rows`
 /// rows) go in the arena, when every row lies in a strided window of a rank's share (see
 /// `placement.rs`) that `local` says is this process's: each delivered row's
@@ -309,6 +310,9 @@ pub(crate) fn strided_picks(
     if !placement.strided() {
         return false;
     }
+    // Each window the batch touches names its `m` steps; past a few per row that is more
+    // work than the rows (a window of many tiny batches), and placing row by row is left.
+    let most_steps = (n as u64).max(64);
     let (b, step_rows) = (placement.batch_size() as u64, placement.step_rows());
     let end = first_pos + n as u64;
     let mut p = first_pos;
@@ -322,6 +326,11 @@ pub(crate) fn strided_picks(
             return false;
         }
         let m = strided.batches();
+        if m > most_steps {
+            steps.clear();
+            picks.clear();
+            return false;
+        }
         let (first_step, first_fill) = ((w.start - w.segment) / b, steps.len() as u64);
         steps.extend((0..m).map(|j| (first_step + j, rank)));
         let first_index = first_step * step_rows + rank as u64 * b;
@@ -343,6 +352,8 @@ pub(crate) fn strided_picks(
     true
 }
 
+/// Calls `f(index, row)` for each row (the `row`-th of `positions`, which ascend) whose
+/// output index is in `deliver`. A window's permutation is made once for its run of rows.
 fn place_each(
     placement: &Placement,
     epoch: u64,
@@ -394,6 +405,41 @@ mod tests {
         let filled = Piece::filled(0, 0, vec![(0, 2)], batch.schema());
         assert!(filled.wire().is_err());
         assert_eq!(filled.counts(), &[(0, 2)]);
+    }
+
+    /// A window of many more steps than a batch has rows is left to `split`: naming every
+    /// step of it would cost more than placing the rows.
+    #[test]
+    fn strided_picks_leave_windows_of_many_tiny_steps() {
+        let placement = Placement::new(1, 1, LastBatch::Pad, 0, Some(1000))
+            .unwrap()
+            .over(5000);
+        let (mut steps, mut picks) = (Vec::new(), Vec::new());
+        let placed = strided_picks(
+            &placement,
+            0,
+            5000,
+            (0, 10),
+            &(0..5000),
+            |_| true,
+            &mut steps,
+            &mut picks,
+        );
+        assert!(!placed && steps.is_empty() && picks.is_empty());
+        let placement = Placement::new(1, 20, LastBatch::Pad, 0, Some(1000))
+            .unwrap()
+            .over(5000);
+        let placed = strided_picks(
+            &placement,
+            0,
+            5000,
+            (0, 10),
+            &(0..5000),
+            |_| true,
+            &mut steps,
+            &mut picks,
+        );
+        assert!(placed && steps.len() == 50 && picks.len() == 10);
     }
 
     proptest::proptest! {

@@ -26,9 +26,10 @@
 //! give one row to each of the window's `m` batches — which row to which batch drawn per
 //! stratum (keyed by seed, epoch, window and stratum) — and a batch keeps its rows in
 //! position order. The rows one featurized batch gives a rank's batch are then one run of
-//! slots, so delivery moves runs, not rows. Other windows (a share's short last one, the
-//! tail, or `K` not a multiple of `B`) are permuted whole by a Feistel network
-//! ([`Permutation`]).
+//! slots, so delivery moves runs, not rows. A share's short last window is strided too
+//! (a share is whole batches). A window whose length is not a multiple of `B` (the tail's
+//! or a stream's last, usually), and every window when `K` is not, is permuted whole by a
+//! Feistel network ([`Permutation`]).
 //!
 //! Pushed input, whose length is only known at its end, has no shares: its positions are
 //! its output indices, windows of `K` permuted as above ([`Placement::new`] without
