@@ -79,13 +79,24 @@ impl Arena {
         }
         let sources = Sources::of(&self.schema, batch)?;
         let picks = in_row_order(runs, sources.rows())?;
+        let keys = runs.iter().map(|&(step, _)| (epoch, step, rank));
+        self.put_locked(keys, &sources, &picks)
+    }
+
+    /// Locks steps `keys` (made if new), which ascend, and puts `picks` into them (fill
+    /// `k` being the `k`-th key). Every put locks its steps in ascending key order, so two
+    /// readers whose batches feed the same steps cannot each hold one the other waits for.
+    fn put_locked(
+        &self,
+        keys: impl Iterator<Item = Key>,
+        sources: &Sources,
+        picks: &[Pick],
+    ) -> Result<()> {
         let cells: Vec<_> = {
             let mut steps = self.steps();
-            let mut cell = |step| steps.entry((epoch, step, rank)).or_default().clone();
-            runs.iter().map(|&(step, _)| cell(step)).collect()
+            keys.map(|key| steps.entry(key).or_default().clone())
+                .collect()
         };
-        // Locked in ascending step order (the order of `put_picks` too): two readers
-        // whose batches feed the same steps cannot each hold one the other waits for.
         let mut guards: Vec<_> = cells
             .iter()
             .map(|c| c.lock().unwrap_or_else(PoisonError::into_inner))
@@ -94,7 +105,7 @@ impl Arena {
             .iter_mut()
             .map(|g| g.get_or_insert_with(|| Fill::new(&self.schema, self.batch_size)))
             .collect();
-        Fill::put_many(&mut fills, &sources, &picks)
+        Fill::put_many(&mut fills, sources, picks)
     }
 
     /// Copies rows of `batch` (epoch `epoch`) into their steps in one pass: `picks` are
@@ -131,20 +142,8 @@ impl Arena {
         for pick in picks.iter_mut() {
             pick.1 = renumber[pick.1 as usize];
         }
-        let cells: Vec<_> = {
-            let mut all = self.steps();
-            let mut cell = |(step, rank)| all.entry((epoch, step, rank)).or_default().clone();
-            used.iter().map(|&k| cell(steps[k])).collect()
-        };
-        let mut guards: Vec<_> = cells
-            .iter()
-            .map(|c| c.lock().unwrap_or_else(PoisonError::into_inner))
-            .collect();
-        let mut fills: Vec<&mut Fill> = guards
-            .iter_mut()
-            .map(|g| g.get_or_insert_with(|| Fill::new(&self.schema, self.batch_size)))
-            .collect();
-        Fill::put_many(&mut fills, &sources, picks)?;
+        let keys = used.iter().map(|&k| (epoch, steps[k].0, steps[k].1));
+        self.put_locked(keys, &sources, picks)?;
         let mut by_rank: Vec<RankCounts> = Vec::new();
         for &k in &used {
             let (step, rank) = steps[k];
