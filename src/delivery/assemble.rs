@@ -111,14 +111,14 @@ impl Assembler {
 
     /// Takes a piece of this rank's rows.
     pub fn push(&mut self, piece: &Piece) -> Result<()> {
-        if piece.filled {
+        if let Some(counts) = piece.counts() {
             if self.arena.is_none() {
                 return Err(Error::Dataflow(
                     "a step filled in an arena reached an owner without one".into(),
                 ));
             }
             // The reader put the rows in the arena: they are only counted.
-            for &(step, rows) in piece.counts() {
+            for &(step, rows) in counts {
                 self.count(piece.epoch, step, rows)?;
             }
             return Ok(());

@@ -33,12 +33,10 @@ pub struct Piece {
     /// The batch's row of each index; `None`: rows `0..` in order.
     rows: Option<Vec<u32>>,
     batch: RecordBatch,
-    /// Whether the rows are in the process's [`Arena`](super::arena::Arena) already (put
-    /// there by the reader): the piece only counts them, and never leaves the process.
-    pub(crate) filled: bool,
-    /// For a filled piece: the rows put into each step, steps ascending (its `indices`
-    /// are then empty).
-    counts: Vec<(u64, usize)>,
+    /// For rows the reader put in the process's [`Arena`](super::arena::Arena) already:
+    /// how many went into each step, steps ascending. Such a piece only counts its rows
+    /// (its `indices` are empty) and never leaves the process.
+    counts: Option<Vec<(u64, usize)>>,
     /// This piece's rows as Arrow IPC, made the first time it is serialized: timely
     /// serializes a message twice (once to size it, once to write it), and the rows
     /// must be taken and encoded only once.
@@ -54,8 +52,7 @@ impl Piece {
             indices,
             rows: None,
             batch,
-            filled: false,
-            counts: Vec::new(),
+            counts: None,
             wire: OnceLock::new(),
         }
     }
@@ -74,15 +71,14 @@ impl Piece {
             indices: Vec::new(),
             rows: None,
             batch: RecordBatch::new_empty(schema),
-            filled: true,
-            counts,
+            counts: Some(counts),
             wire: OnceLock::new(),
         }
     }
 
-    /// The rows of a filled piece in each step (empty for any other).
-    pub(crate) fn counts(&self) -> &[(u64, usize)] {
-        &self.counts
+    /// For a piece whose rows are in the arena, the rows in each of its steps.
+    pub(crate) fn counts(&self) -> Option<&[(u64, usize)]> {
+        self.counts.as_deref()
     }
 
     /// The batch row holding the `k`-th index.
@@ -99,7 +95,7 @@ impl Piece {
     /// writes it).
     pub(super) fn wire(&self) -> &std::result::Result<Wire, String> {
         self.wire.get_or_init(|| {
-            if self.filled {
+            if self.counts.is_some() {
                 return Err(
                     "a piece whose rows are in one process's arena was sent to another".into(),
                 );
@@ -178,8 +174,7 @@ fn split_in_order(
                 indices,
                 rows: Some(rows),
                 batch: batch.clone(),
-                filled: false,
-                counts: Vec::new(),
+                counts: None,
                 wire: OnceLock::new(),
             });
         }
@@ -221,8 +216,7 @@ pub fn split_at(
             indices,
             rows: Some(rows),
             batch: batch.clone(),
-            filled: false,
-            counts: Vec::new(),
+            counts: None,
             wire: OnceLock::new(),
         });
     }
@@ -288,7 +282,8 @@ pub fn rank_rows(
 /// rows) go in the arena, when every row lies in a strided window of a rank's share (see
 /// `placement.rs`) that `local` says is this process's: each delivered row's
 /// `(row, fill, slot)` in row order into `picks`, fill `k` being step `steps[k]` =
-/// `(step, rank)`. `false` otherwise, the caller then splitting the batch.
+/// `(step, rank)`. `false` otherwise, the caller then splitting the batch (and ignoring
+/// `steps` and `picks`).
 ///
 /// A strided window sends row `c` of stratum `a` to slot `a` of the window's batch
 /// `π_a(c)`, all of one rank: walking the positions in order, a row's step and slot come
@@ -327,8 +322,6 @@ pub(crate) fn strided_picks(
         }
         let m = strided.batches();
         if m > most_steps {
-            steps.clear();
-            picks.clear();
             return false;
         }
         let (first_step, first_fill) = ((w.start - w.segment) / b, steps.len() as u64);
@@ -404,7 +397,7 @@ mod tests {
         assert!(piece.wire().is_ok());
         let filled = Piece::filled(0, 0, vec![(0, 2)], batch.schema());
         assert!(filled.wire().is_err());
-        assert_eq!(filled.counts(), &[(0, 2)]);
+        assert_eq!(filled.counts(), Some(&[(0, 2)][..]));
     }
 
     /// A window of many more steps than a batch has rows is left to `split`: naming every
