@@ -213,6 +213,58 @@ fn losing_a_process_stops_the_cluster_and_a_restart_resumes_exactly() {
     }
 }
 
+/// A peer that stops answering without closing anything (`SIGSTOP` here; a host that
+/// lost power or a network partition look the same) is noticed by the heartbeats: the
+/// other process ends with one line naming it, instead of waiting for it forever.
+#[test]
+fn a_stopped_process_stops_the_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    let mut args = run_args(
+        &io,
+        "null",
+        &["--ranks", "2", "--batch-size", "10", "--epochs", "100000"],
+    );
+    args[2] = toml.to_str().unwrap();
+    let mut children = spawn_cluster(dir.path(), 2, 1, &args);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        children[0].try_wait().unwrap().is_none(),
+        "process 0 ended early"
+    );
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &children[1].id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    let stopped = Instant::now();
+    let mut survivor = children.remove(0);
+    let mut frozen = children.remove(0);
+    while survivor.try_wait().unwrap().is_none() {
+        if stopped.elapsed() > Duration::from_secs(20) {
+            let _ = survivor.kill();
+            let _ = frozen.kill();
+            panic!("process 0 still runs 20 s after process 1 was stopped");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = stopped.elapsed();
+    let _ = frozen.kill();
+    let _ = frozen.wait();
+    let out = survivor.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("lost process 1"), "{stderr}");
+    assert!(stderr.contains("no word from it"), "{stderr}");
+    // Not before the heartbeats' silence (8 s) has passed: a busy peer is not a lost one.
+    assert!(
+        took > Duration::from_secs(7),
+        "ended {took:?} after the stop"
+    );
+}
+
 /// Fitting deals each statistic to one worker to merge and finish, and hands every worker
 /// the finished parameters: the state written is the same, byte for byte, on any layout,
 /// for every kind of fitted step, over two passes (a step fitted after another).

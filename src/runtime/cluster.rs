@@ -13,6 +13,7 @@ use timely::communication::allocator::{AllocatorBuilder, ProcessBuilder};
 use timely::communication::{Hooks, WorkerGuards};
 use timely::worker::Worker;
 
+use super::heartbeat::{self, Heartbeat};
 use crate::error::{Error, Result};
 
 /// How long the processes of a cluster wait for one another at start-up.
@@ -24,8 +25,11 @@ const JOIN_POLL: Duration = Duration::from_millis(10);
 /// How long an accepted connection has to greet (peers greet as soon as they connect).
 const GREETING_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The first bytes each connection sends, so that a stray client cannot pose as a peer.
+/// The first bytes each connection sends, so that a stray client cannot pose as a peer:
+/// [`HELLO`] opens the connection timely's network uses, [`HELLO_BEAT`] the one the
+/// peers' heartbeats use (`heartbeat.rs`).
 const HELLO: &[u8; 8] = b"hydrant1";
+const HELLO_BEAT: &[u8; 8] = b"hydrantB";
 
 /// Where the dataflow runs: threads in this process, and optionally several processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,18 +97,27 @@ impl Cluster {
     }
 
     /// Starts `worker` on every worker thread of this process, joined to the other
-    /// processes of the cluster first (waiting at most [`JOIN_TIMEOUT`] for them).
-    pub fn execute<T, F>(&self, worker: F) -> Result<WorkerGuards<T>>
+    /// processes of the cluster first (waiting at most [`JOIN_TIMEOUT`] for them), with
+    /// heartbeats to them that record a peer that stops answering as lost
+    /// ([`super::fate::lost_peer`]).
+    pub fn execute<T, F>(&self, worker: F) -> Result<Started<T>>
     where
         T: Send + 'static,
         F: Fn(&mut Worker) -> T + Send + Sync + 'static,
     {
         self.check()?;
         if self.processes == 1 {
-            return timely::execute(timely::Config::process(self.workers), worker)
-                .map_err(Error::Dataflow);
+            let guards = timely::execute(timely::Config::process(self.workers), worker)
+                .map_err(Error::Dataflow)?;
+            return Ok(Started {
+                guards,
+                heartbeat: None,
+            });
         }
-        let sockets = join(&self.addresses()?, self.process, JOIN_TIMEOUT)?;
+        let (sockets, beats) = join(&self.addresses()?, self.process, JOIN_TIMEOUT)?;
+        let lost: heartbeat::OnLost = std::sync::Arc::new(super::fate::lose_peer);
+        let heartbeat = Heartbeat::start(beats, (heartbeat::INTERVAL, heartbeat::SILENCE), lost)
+            .map_err(|e| Error::Dataflow(format!("cannot start the cluster's heartbeats: {e}")))?;
         let hooks = Hooks::default();
         let threads = ProcessBuilder::new_typed_vector(
             self.workers,
@@ -115,8 +128,42 @@ impl Cluster {
             initialize_networking_from_sockets(threads, sockets, self.process, self.workers, hooks)
                 .map_err(|e| Error::Dataflow(format!("cannot start the cluster's network: {e}")))?;
         let builders = builders.into_iter().map(AllocatorBuilder::Tcp).collect();
-        timely::execute::execute_from(builders, Box::new(comms), WorkerConfig::default(), worker)
-            .map_err(Error::Dataflow)
+        let guards = timely::execute::execute_from(
+            builders,
+            Box::new(comms),
+            WorkerConfig::default(),
+            worker,
+        )
+        .map_err(Error::Dataflow)?;
+        Ok(Started {
+            guards,
+            heartbeat: Some(heartbeat),
+        })
+    }
+}
+
+/// A job running on this process's workers (see [`Cluster::execute`]).
+pub struct Started<T: Send + 'static> {
+    guards: WorkerGuards<T>,
+    heartbeat: Option<Heartbeat>,
+}
+
+impl<T: Send + 'static> Started<T> {
+    /// Waits for every worker, then tells the peers this process is done (so that its
+    /// silence from then on is not taken for a loss): each worker's result, or its panic.
+    pub fn join(self) -> Vec<std::result::Result<T, String>> {
+        let results = self.guards.join();
+        if let Some(heartbeat) = self.heartbeat {
+            heartbeat.finish();
+        }
+        results
+    }
+
+    /// Leaves the workers running, unjoined (they may wait for a failed peer forever, and
+    /// joining timely's threads after a failure panics), and stops the heartbeats: the
+    /// peers see this process go.
+    pub fn abandon(self) {
+        std::mem::forget(self.guards);
     }
 }
 
@@ -124,32 +171,51 @@ fn default_address(p: usize) -> String {
     format!("localhost:{}", 2101 + p)
 }
 
-/// Connects process `me` to every other: it dials the processes before it and accepts
-/// the ones after it, each connection opened with [`HELLO`] and the dialer's index.
-/// Returns a socket per process (`None` at `me`), as timely's networking wants them.
-fn join(addresses: &[String], me: usize, timeout: Duration) -> Result<Vec<Option<TcpStream>>> {
+/// A socket per process (`None` at this one's index), as timely's networking wants them.
+type Sockets = Vec<Option<TcpStream>>;
+
+/// Connects process `me` to every other, twice (timely's connection and the heartbeats'):
+/// it dials the processes before it and accepts the ones after it, each connection
+/// opened with [`HELLO`] or [`HELLO_BEAT`] and the dialer's index. Returns timely's
+/// sockets, and `(process, heartbeat connection)` per peer.
+fn join(
+    addresses: &[String],
+    me: usize,
+    timeout: Duration,
+) -> Result<(Sockets, Vec<(usize, TcpStream)>)> {
     let n = addresses.len();
     let listener = TcpListener::bind(&addresses[me])
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|e| Error::Usage(format!("cannot listen on {}: {e}", addresses[me])))?;
-    let mut sockets: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    let mut sockets: Sockets = (0..n).map(|_| None).collect();
+    let mut beats: Sockets = (0..n).map(|_| None).collect();
     let deadline = Instant::now() + timeout;
     loop {
         for p in 0..me {
             if sockets[p].is_none() {
-                sockets[p] = dial(&addresses[p], me);
+                sockets[p] = dial(&addresses[p], HELLO, me);
+            }
+            if beats[p].is_none() {
+                beats[p] = dial(&addresses[p], HELLO_BEAT, me);
             }
         }
         while let Ok((stream, _)) = listener.accept() {
-            if let Some(p) = greeted(&stream).filter(|&p| p > me && p < n) {
-                sockets[p] = Some(stream);
+            match greeted(&stream).filter(|&(_, p)| p > me && p < n) {
+                Some((HELLO, p)) => sockets[p] = Some(stream),
+                Some((_, p)) => beats[p] = Some(stream),
+                None => {}
             }
         }
         let missing: Vec<usize> = (0..n)
-            .filter(|&p| p != me && sockets[p].is_none())
+            .filter(|&p| p != me && (sockets[p].is_none() || beats[p].is_none()))
             .collect();
         if missing.is_empty() {
-            return Ok(sockets);
+            let beats = beats
+                .into_iter()
+                .enumerate()
+                .filter_map(|(p, s)| Some((p, s?)))
+                .collect();
+            return Ok((sockets, beats));
         }
         if Instant::now() >= deadline {
             let who: Vec<String> = missing
@@ -166,26 +232,33 @@ fn join(addresses: &[String], me: usize, timeout: Duration) -> Result<Vec<Option
     }
 }
 
-/// A connection to `address` that has said who it is, or `None` if it cannot be made yet.
-fn dial(address: &str, me: usize) -> Option<TcpStream> {
+/// A connection to `address` that has said what it is for and who it is from, or `None`
+/// if it cannot be made yet.
+fn dial(address: &str, hello: &[u8; 8], me: usize) -> Option<TcpStream> {
     let mut stream = TcpStream::connect(address).ok()?;
     stream.set_nodelay(true).ok()?;
-    let mut hello = HELLO.to_vec();
+    let mut hello = hello.to_vec();
     hello.extend_from_slice(&(me as u64).to_le_bytes());
     stream.write_all(&hello).ok()?;
     Some(stream)
 }
 
-/// The index an accepted connection says it comes from, if it greets as a peer does.
-fn greeted(stream: &TcpStream) -> Option<usize> {
+/// What an accepted connection is for ([`HELLO`] or [`HELLO_BEAT`]) and the index it
+/// says it comes from, if it greets as a peer does.
+fn greeted(stream: &TcpStream) -> Option<(&'static [u8; 8], usize)> {
     stream.set_nonblocking(false).ok()?;
     stream.set_nodelay(true).ok()?;
     stream.set_read_timeout(Some(GREETING_TIMEOUT)).ok()?;
     let mut hello = [0u8; 16];
     (&*stream).read_exact(&mut hello).ok()?;
     stream.set_read_timeout(None).ok()?;
-    (&hello[..8] == HELLO)
-        .then(|| u64::from_le_bytes(hello[8..].try_into().unwrap_or_default()) as usize)
+    let kind = [HELLO, HELLO_BEAT]
+        .into_iter()
+        .find(|k| &hello[..8] == k.as_slice())?;
+    Some((
+        kind,
+        u64::from_le_bytes(hello[8..].try_into().unwrap_or_default()) as usize,
+    ))
 }
 
 #[cfg(test)]
@@ -225,11 +298,14 @@ mod tests {
         let mut rude = TcpStream::connect(&addresses[0]).unwrap();
         rude.write_all(b"GET / HTTP/1.1\r\n").unwrap();
         for (me, j) in joined.into_iter().enumerate() {
-            let sockets = j.join().unwrap().unwrap();
+            let (sockets, beats) = j.join().unwrap().unwrap();
             assert_eq!(sockets.len(), 3);
             for (p, s) in sockets.iter().enumerate() {
                 assert_eq!(s.is_some(), p != me, "process {me}, socket {p}");
             }
+            let peers: Vec<usize> = beats.iter().map(|(p, _)| *p).collect();
+            let others: Vec<usize> = (0..3).filter(|&p| p != me).collect();
+            assert_eq!(peers, others, "process {me}'s heartbeats");
         }
     }
 

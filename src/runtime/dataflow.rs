@@ -313,7 +313,7 @@ pub(super) fn supervise<T: Send + 'static>(
         // threads after a failure panics: let them be (a command exits; an embedded
         // caller's loaders get the error).
         errors.set_message(&failure);
-        std::mem::forget(guards);
+        guards.abandon();
         return Err(Error::Dataflow(failure));
     }
     guards

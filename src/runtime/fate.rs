@@ -7,7 +7,9 @@
 //! process N is gone). A worker's panic is recorded in its job's [`Fate`] (each worker
 //! thread registers its job's at start), and in the job's error slot, before the thread
 //! unwinds: a rank queue that closes as it unwinds is never taken for a clean end. A lost
-//! peer is recorded in the process-wide slot that every cluster job watches.
+//! peer is recorded in the process-wide slot that every cluster job watches: by that
+//! hook when timely's connection to it breaks, or by the job's heartbeats
+//! (`heartbeat.rs`) when it stops answering without closing anything.
 //! [`super::execute`] polls both and, once either is set, returns the error without
 //! joining the workers, which may never finish.
 
@@ -73,6 +75,11 @@ pub fn abandon_if_failed() {
 /// The peer process whose connection broke first, if one did.
 pub fn lost_peer() -> Option<&'static (usize, String)> {
     LOST_PEER.get()
+}
+
+/// Records that `peer` is lost (the first lost peer stays): what its heartbeat saw.
+pub(super) fn lose_peer(peer: usize, seen: String) {
+    let _ = LOST_PEER.set((peer, seen));
 }
 
 /// Installs the panic hook (once per process).

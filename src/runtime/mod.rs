@@ -6,10 +6,11 @@ mod cluster;
 mod dataflow;
 mod fate;
 mod gather;
+mod heartbeat;
 mod read;
 mod stream;
 
-pub use cluster::{Cluster, JOIN_TIMEOUT};
+pub use cluster::{Cluster, JOIN_TIMEOUT, Started};
 pub use dataflow::{Channels, Job, OpenQueue, Output, RankQueue, Report, execute};
 pub use gather::gather;
 pub use stream::{Delivering, PushedRows};
