@@ -98,8 +98,8 @@ impl Cluster {
 
     /// Starts `worker` on every worker thread of this process, joined to the other
     /// processes of the cluster first (waiting at most [`JOIN_TIMEOUT`] for them), with
-    /// heartbeats to them that record a peer that stops answering as lost
-    /// ([`super::fate::lost_peer`]).
+    /// heartbeats to them that record a peer that stops answering as lost (the job then
+    /// ends with one line naming it).
     pub fn execute<T, F>(&self, worker: F) -> Result<Started<T>>
     where
         T: Send + 'static,
