@@ -336,7 +336,7 @@ impl Pipeline {
     }
 
     /// A pipeline served by `hydrant serve` at `uri`, read rank by rank over Arrow Flight
-    /// through the same loader actors as a pipeline run here (see [`crate::remote`]).
+    /// through the same loaders as a pipeline run here (see [`crate::remote`]).
     pub fn connect(uri: &str, pipeline: &str) -> Result<crate::Remote> {
         crate::Remote::connect(uri, pipeline)
     }
@@ -466,7 +466,7 @@ pub fn read_state(path: &Path) -> Result<FittedState> {
 const MAX_STATE_BYTES: u64 = 4 << 30;
 
 /// Starts `job` on `cluster` with the rank batches of this process's ranks going to one
-/// loader per rank, on a thread of its own.
+/// loader per rank (see [`loader::spawn`]).
 pub fn start(mut job: Job, cluster: Cluster, config: LoaderConfig) -> Result<Running> {
     let world = job.delivery.plan.world_size();
     let ownership = Ownership {
@@ -482,7 +482,7 @@ pub fn start(mut job: Job, cluster: Cluster, config: LoaderConfig) -> Result<Run
         let (feed, loader, actor) = loader::spawn(rank, config, job.errors.clone())?;
         feeds[rank] = Some(feed);
         loaders.push(loader);
-        actors.push(actor);
+        actors.extend(actor);
     }
     job.output = Some(Output::Loaders(feeds));
     let progress = job.progress.clone();

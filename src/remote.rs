@@ -1,5 +1,5 @@
 //! A remote source for the embedded API: a rank's batches read from `hydrant serve` over
-//! Arrow Flight, through the same loader actors (host or cuda backend, read-ahead, stall
+//! Arrow Flight, through the same loaders (host or cuda backend, read-ahead, stall
 //! time) as the in-process path, so a Rust trainer in another process gets the same
 //! [`TrainingBatch`]es.
 //!
@@ -70,7 +70,7 @@ impl Remote {
         Ok(remote)
     }
 
-    /// The loader actors' read-ahead and backend (default: 2 batches, host memory).
+    /// The loaders' read-ahead and backend (default: 2 batches, host memory).
     pub fn with_loader(mut self, config: LoaderConfig) -> Remote {
         self.config = config;
         self
@@ -122,13 +122,13 @@ impl Remote {
                 if let Err(e) = remote.read(&ticket, &stop, &feed) {
                     errors.set_message(&format!("remote rank {rank}: {e}"));
                 }
-                // Dropping the feed ends the loader, which passes the error on.
+                // Dropping the feed ends the rank's stream, with the error.
             })
             .map_err(|e| Error::Dataflow(format!("cannot start remote reader {rank}: {e}")))?;
         Ok(RemoteRank {
             loader,
             cancel,
-            threads: vec![reader, actor],
+            threads: std::iter::once(reader).chain(actor).collect(),
         })
     }
 

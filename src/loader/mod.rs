@@ -1,11 +1,13 @@
-//! Loader actors: one per data-parallel rank. The dataflow pushes the rank's batches into
-//! a [`LoaderFeed`]; the actor's own thread turns them into [`TrainingBatch`]es (on the
-//! host, or in device memory with the `cuda` feature) and keeps `prefetch` of them ready;
-//! the trainer pulls them from a [`Loader`] handle. Both channels are bounded, so a slow
+//! Loaders: one per data-parallel rank. The dataflow pushes the rank's batches into a
+//! [`LoaderFeed`], which keeps `prefetch` [`TrainingBatch`]es ready; the trainer pulls
+//! them from a [`Loader`] handle. In host memory a training batch is a view of the
+//! delivered Arrow buffers, made on the dataflow's thread as it is handed over; in device
+//! memory (the `cuda` feature) an actor thread of the rank's own uploads each batch, so
+//! that the copy does not hold up the dataflow. Every channel is bounded, so a slow
 //! trainer slows the dataflow instead of filling memory.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -215,13 +217,38 @@ impl Default for LoaderConfig {
 #[derive(Debug, Clone)]
 pub struct LoaderFeed {
     rank: usize,
-    tx: Sender<RankBatch>,
+    tx: FeedTx,
+}
+
+/// Where a feed hands its batches.
+#[derive(Debug, Clone)]
+enum FeedTx {
+    /// Host memory: straight into the trainer's queue, as a view of the batch. (An actor
+    /// thread here only added a hand-over per batch: with 32-row batches, channel waits
+    /// and thread switches were most of a run's CPU.)
+    Direct(Sender<Result<TrainingBatch>>),
+    /// Device memory: to the actor thread that uploads.
+    #[cfg(feature = "cuda")]
+    Actor(Sender<RankBatch>),
 }
 
 impl LoaderFeed {
     /// Hands over a batch, waiting while the loader is full (backpressure).
     pub fn send(&self, batch: RankBatch) -> Result<()> {
-        self.tx.send(batch).map_err(|_| stopped_reading(self.rank))
+        #[cfg_attr(not(feature = "cuda"), allow(clippy::infallible_destructuring_match))]
+        let tx = match &self.tx {
+            #[cfg(feature = "cuda")]
+            FeedTx::Actor(tx) => return tx.send(batch).map_err(|_| stopped_reading(self.rank)),
+            FeedTx::Direct(tx) => tx,
+        };
+        match TrainingBatch::from_rank_batch(&batch) {
+            Ok(b) => tx.send(Ok(b)).map_err(|_| stopped_reading(self.rank)),
+            Err(e) => {
+                let line = format!("rank {}: {e}", self.rank);
+                let _ = tx.send(Err(e));
+                Err(Error::Dataflow(line))
+            }
+        }
     }
 }
 
@@ -244,6 +271,10 @@ pub struct Loader {
     rank: usize,
     rx: Receiver<Result<TrainingBatch>>,
     stats: Arc<RankStats>,
+    /// The run's errors, passed on once the queue is empty or closed.
+    errors: ErrorSlot,
+    /// Whether an error ended the stream already (it is passed on once).
+    failed: Arc<AtomicBool>,
 }
 
 impl Loader {
@@ -256,7 +287,25 @@ impl Loader {
     /// when the rank has no more batches. A failed run ends with one `Err`.
     pub fn next_batch(&self) -> Option<Result<TrainingBatch>> {
         let t = Instant::now();
-        let got = self.rx.recv().ok();
+        let got = loop {
+            match self.rx.recv_timeout(WATCH) {
+                Ok(got) => {
+                    if got.is_err() {
+                        self.failed.store(true, Ordering::Relaxed);
+                    }
+                    break Some(got);
+                }
+                // A failed run may never close the feed (a worker that panicked, a lost
+                // peer): its error is passed on as soon as it is known.
+                Err(RecvTimeoutError::Timeout) => match self.errors.get() {
+                    Some(e) => break self.fail(e),
+                    None => continue,
+                },
+                Err(RecvTimeoutError::Disconnected) => {
+                    break self.errors.get().and_then(|e| self.fail(e));
+                }
+            }
+        };
         self.stats
             .stall_ns
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -264,6 +313,11 @@ impl Loader {
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
         }
         got
+    }
+
+    /// The run's error `e`, for the first caller only.
+    fn fail(&self, e: String) -> Option<Result<TrainingBatch>> {
+        (!self.failed.swap(true, Ordering::Relaxed)).then(|| Err(Error::Dataflow(e)))
     }
 
     /// The batches as an iterator.
@@ -282,22 +336,55 @@ impl Loader {
     }
 }
 
-/// How often an idle loader looks whether the run has failed.
+/// How often a waiting loader (or actor) looks whether the run has failed.
 const WATCH: Duration = Duration::from_millis(50);
 
-/// Starts the loader actor of `rank`. It ends when the feed is dropped (after passing on
-/// the run's error, if `errors` holds one) or when every [`Loader`] handle is dropped.
+/// Starts the loader of `rank`, and its actor thread when batches go to a device (`None`
+/// in host memory). The stream ends when every feed is dropped, with the run's error if
+/// `errors` holds one; an actor ends then, or when every [`Loader`] handle is dropped.
 pub fn spawn(
     rank: usize,
     config: LoaderConfig,
     errors: ErrorSlot,
-) -> Result<(LoaderFeed, Loader, JoinHandle<()>)> {
+) -> Result<(LoaderFeed, Loader, Option<JoinHandle<()>>)> {
     if config.prefetch == 0 {
         return Err(Error::Usage("--prefetch must be at least 1".into()));
     }
-    let (feed_tx, feed_rx) = bounded::<RankBatch>(1);
     let (tx, rx) = bounded(config.prefetch);
-    let mut convert = Converter::new(config.backend);
+    let loader = Loader {
+        rank,
+        rx,
+        stats: Arc::default(),
+        errors: errors.clone(),
+        failed: Arc::default(),
+    };
+    match Converter::new(config.backend) {
+        Converter::Host => {
+            let feed = LoaderFeed {
+                rank,
+                tx: FeedTx::Direct(tx),
+            };
+            Ok((feed, loader, None))
+        }
+        #[cfg(feature = "cuda")]
+        Converter::Cuda(uploader) => {
+            let (feed, actor) = spawn_actor(rank, uploader, tx, errors)?;
+            Ok((feed, loader, Some(actor)))
+        }
+    }
+}
+
+/// Starts the thread that uploads `rank`'s batches and hands them on to `tx`. It ends when
+/// the feed is dropped (after passing on the run's error, if `errors` holds one) or when
+/// every [`Loader`] handle is dropped.
+#[cfg(feature = "cuda")]
+fn spawn_actor(
+    rank: usize,
+    mut uploader: Box<cuda::Uploader>,
+    tx: Sender<Result<TrainingBatch>>,
+    errors: ErrorSlot,
+) -> Result<(LoaderFeed, JoinHandle<()>)> {
+    let (feed_tx, feed_rx) = bounded::<RankBatch>(1);
     let handle = std::thread::Builder::new()
         .name(format!("hydrant-loader-{rank}"))
         .spawn(move || {
@@ -309,7 +396,7 @@ pub fn spawn(
                     Err(RecvTimeoutError::Timeout) if errors.get().is_none() => continue,
                     Err(_) => break,
                 };
-                let out = TrainingBatch::from_rank_batch(&rb).and_then(|b| convert.place(b));
+                let out = TrainingBatch::from_rank_batch(&rb).and_then(|b| uploader.upload(b));
                 let failed = out.is_err();
                 if tx.send(out).is_err() || failed {
                     return;
@@ -320,15 +407,14 @@ pub fn spawn(
             }
         })
         .map_err(|e| Error::Dataflow(format!("cannot start loader {rank}: {e}")))?;
-    let loader = Loader {
+    let feed = LoaderFeed {
         rank,
-        rx,
-        stats: Arc::default(),
+        tx: FeedTx::Actor(feed_tx),
     };
-    Ok((LoaderFeed { rank, tx: feed_tx }, loader, handle))
+    Ok((feed, handle))
 }
 
-/// Puts host batches where the backend wants them.
+/// Where a rank's batches are put: host memory, or a device's through its uploader.
 enum Converter {
     Host,
     #[cfg(feature = "cuda")]
@@ -354,18 +440,153 @@ impl Converter {
             }
         }
     }
-
-    fn place(&mut self, batch: TrainingBatch) -> Result<TrainingBatch> {
-        match self {
-            Converter::Host => Ok(batch),
-            #[cfg(feature = "cuda")]
-            Converter::Cuda(u) => u.upload(batch),
-        }
-    }
 }
 
 /// Says once per process why the cuda backend is not used.
 fn fall_back(why: &str) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| hydrant_operators::log_line!("hydrant: {why}; loaders use host memory"));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{BooleanArray, FixedSizeListArray, Float32Array, Int64Array, UInt64Array};
+    use arrow::datatypes::{Field, Schema};
+    use hydrant_operators::Batch;
+
+    use super::*;
+
+    /// Step `step`'s batch of two rows (`row_id` 2·step and 2·step + 1), or one without
+    /// `row_id` when `broken`.
+    fn batch(step: u64, broken: bool) -> RankBatch {
+        let list = |item: DataType, values: Arc<dyn Array>, width: i32| {
+            let field = Arc::new(Field::new("item", item, false));
+            Arc::new(FixedSizeListArray::new(field, width, values, None)) as Arc<dyn Array>
+        };
+        let mut fields = vec![
+            Field::new(ROW_ID, DataType::UInt64, false),
+            Field::new(
+                "dense",
+                DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, false)), 2),
+                false,
+            ),
+            Field::new(
+                "ids",
+                DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Int64, false)), 1),
+                false,
+            ),
+            Field::new(IS_PADDING, DataType::Boolean, false),
+        ];
+        let mut columns: Vec<Arc<dyn Array>> = vec![
+            Arc::new(UInt64Array::from(vec![2 * step, 2 * step + 1])),
+            list(
+                DataType::Float32,
+                Arc::new(Float32Array::from(vec![1.0, 2.0, 3.0, 4.0])),
+                2,
+            ),
+            list(DataType::Int64, Arc::new(Int64Array::from(vec![5, 6])), 1),
+            Arc::new(BooleanArray::from(vec![false, false])),
+        ];
+        if broken {
+            fields.remove(0);
+            columns.remove(0);
+        }
+        let data = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+        let meta = StepMeta {
+            epoch: 0,
+            step,
+            rank: 0,
+            world_size: 1,
+            padded_rows: 0,
+            state_version: 0,
+            positions: None,
+        };
+        RankBatch {
+            meta,
+            batch: Batch { seq: step, data },
+        }
+    }
+
+    fn host(prefetch: usize) -> (LoaderFeed, Loader, ErrorSlot) {
+        let errors = ErrorSlot::default();
+        let config = LoaderConfig {
+            prefetch,
+            backend: Backend::Host,
+        };
+        let (feed, loader, actor) = spawn(0, config, errors.clone()).unwrap();
+        assert!(actor.is_none(), "host loaders need no thread");
+        (feed, loader, errors)
+    }
+
+    #[test]
+    fn batches_arrive_in_order_as_views_and_the_feed_waits_for_room() {
+        let (feed, loader, _) = host(2);
+        let sender = std::thread::spawn(move || {
+            for step in 0..5 {
+                feed.send(batch(step, false)).unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        // Two are ready; the third waits for room (the sender is not done).
+        assert!(!sender.is_finished());
+        let got: Vec<TrainingBatch> = loader.batches().map(Result::unwrap).collect();
+        sender.join().unwrap();
+        let steps: Vec<u64> = got.iter().map(|b| b.meta.step).collect();
+        assert_eq!(steps, [0, 1, 2, 3, 4]);
+        assert_eq!(got[3].row_ids.as_ref(), [6, 7]);
+        assert_eq!(got[3].dense.row(1), Some(&[3.0, 4.0][..]));
+        assert_eq!(got[3].ids.shape, [2, 1]);
+        assert_eq!(loader.received(), 5);
+    }
+
+    #[test]
+    fn a_failed_run_ends_every_handle_once_whether_or_not_the_feed_is_open() {
+        // The run fails with the feed still open (a worker panicked): the queued batch
+        // first, then the error, once across the clones; then the end.
+        let (feed, loader, errors) = host(2);
+        feed.send(batch(0, false)).unwrap();
+        errors.set_message("boom");
+        let clone = loader.clone();
+        assert!(matches!(loader.next_batch(), Some(Ok(_))));
+        let err = clone.next_batch().unwrap().err().unwrap().to_string();
+        assert!(err.contains("boom"), "{err}");
+        assert!(loader.next_batch().is_none());
+        assert!(clone.next_batch().is_none());
+        drop(feed);
+
+        // The run fails and closes the feed.
+        let (feed, loader, errors) = host(2);
+        errors.set_message("lost");
+        drop(feed);
+        assert!(loader.next_batch().unwrap().is_err());
+        assert!(loader.next_batch().is_none());
+
+        // A clean end.
+        let (feed, loader, _) = host(1);
+        drop(feed);
+        assert!(loader.next_batch().is_none());
+    }
+
+    #[test]
+    fn a_batch_a_trainer_cannot_take_fails_both_ends() {
+        let (feed, loader, _) = host(2);
+        feed.send(batch(0, false)).unwrap();
+        let err = feed.send(batch(1, true)).unwrap_err().to_string();
+        assert!(err.contains("row_id"), "{err}");
+        drop(feed);
+        assert!(matches!(loader.next_batch(), Some(Ok(_))));
+        let err = loader.next_batch().unwrap().err().unwrap().to_string();
+        assert!(err.contains("row_id"), "{err}");
+        assert!(loader.next_batch().is_none());
+    }
+
+    #[test]
+    fn a_trainer_gone_is_an_error_for_the_dataflow() {
+        let (feed, loader, _) = host(1);
+        drop(loader);
+        let err = feed.send(batch(0, false)).unwrap_err().to_string();
+        assert!(err.contains("stopped reading"), "{err}");
+    }
 }
