@@ -158,3 +158,36 @@ fn peak_memory_does_not_grow_with_the_input() {
         peaks[1]
     );
 }
+
+/// Tiny shuffled batches hold a window of one-row steps open at once (65,536 of them by
+/// default): what each costs beyond its rows must stay small. Each step once went to the
+/// consumers in a container of its own (timely's 8 KiB default): at B = 1 a 262,144-row
+/// input peaked at ~980 MiB against ~115 MiB at B = 4096; one container per round of
+/// steps brought it to ~340 MiB.
+#[test]
+fn tiny_shuffled_batches_cost_little_beyond_their_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = criteo_toml().with_file_name("criteo_hash.toml");
+    let input = gen_criteo_in_row_groups(dir.path(), 262_144, 1, 65_536);
+    let peak = |b: &str| {
+        let s = hydrant_ok(&[
+            "run",
+            "--pipeline",
+            toml.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--ranks",
+            "2",
+            "--batch-size",
+            b,
+            "--shuffle",
+        ]);
+        assert_eq!(s["rows"], 262_144);
+        s["peak_rss_mb"].as_f64().expect("peak_rss_mb on Linux")
+    };
+    let (tiny, usual) = (peak("1"), peak("4096"));
+    assert!(
+        tiny < usual * 5.0,
+        "B = 1 peaked at {tiny} MiB against {usual} MiB at B = 4096"
+    );
+}

@@ -181,17 +181,21 @@ pub fn own<'s>(
                     }
                 }
                 // Lockstep: a step goes out once every rank here has it (or, after an
-                // abandoned stream, once no rank here waits for any more).
+                // abandoned stream, once no rank here waits for any more). One session
+                // for all of them: a session per step sent a container of timely's
+                // default capacity (8 KiB) per one-row step, which at B = 1 held up to a
+                // gigabyte of mostly empty containers in the channel to the consumers.
                 let abandoned = owners.iter().all(|o| o.abandoned);
+                let mut session = output.session(&*c);
                 while !owners.is_empty()
                     && owners.iter().any(|o| !o.cut.is_empty())
                     && (abandoned || owners.iter().all(|o| !o.cut.is_empty()))
                 {
-                    let mut session = output.session(&*c);
                     for o in &mut owners {
                         session.give_iterator(o.cut.pop_front().into_iter());
                     }
                 }
+                drop(session);
                 let waiting = owners
                     .iter()
                     .filter(|o| !o.abandoned)
