@@ -1,7 +1,8 @@
 //! Loaders: one per data-parallel rank. The dataflow pushes the rank's batches into a
 //! [`LoaderFeed`], which keeps `prefetch` [`TrainingBatch`]es ready; the trainer pulls
 //! them from a [`Loader`] handle. In host memory a training batch is a view of the
-//! delivered Arrow buffers, made on the dataflow's thread as it is handed over; in device
+//! delivered Arrow buffers (a copy only where several groups are joined into one tensor),
+//! made on the dataflow's thread as it is handed over; in device
 //! memory (the `cuda` feature) an actor thread of the rank's own uploads each batch, so
 //! that the copy does not hold up the dataflow. Every channel is bounded, so a slow
 //! trainer slows the dataflow instead of filling memory.
