@@ -265,6 +265,41 @@ fn a_stopped_process_stops_the_cluster() {
     );
 }
 
+/// A whole cluster suspended and resumed (a paused job, a host's VMs frozen together)
+/// is not a loss: each process counts a peer's silence only while it looks itself.
+#[test]
+fn a_cluster_stopped_whole_and_resumed_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    let mut args = run_args(
+        &io,
+        "null",
+        &["--ranks", "2", "--batch-size", "10", "--epochs", "2000"],
+    );
+    args[2] = toml.to_str().unwrap();
+    let children = spawn_cluster(dir.path(), 2, 1, &args);
+    std::thread::sleep(Duration::from_millis(1500));
+    let signal = |sig: &str| {
+        for c in &children {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        }
+    };
+    signal("-STOP");
+    // Longer than the heartbeats' silence (8 s).
+    std::thread::sleep(Duration::from_secs(10));
+    signal("-CONT");
+    for (p, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "process {p}: {stderr}");
+    }
+}
+
 /// Fitting deals each statistic to one worker to merge and finish, and hands every worker
 /// the finished parameters: the state written is the same, byte for byte, on any layout,
 /// for every kind of fitted step, over two passes (a step fitted after another).

@@ -116,7 +116,13 @@ impl Cluster {
         }
         let (sockets, beats) = join(&self.addresses()?, self.process, JOIN_TIMEOUT)?;
         let lost: heartbeat::OnLost = std::sync::Arc::new(super::fate::lose_peer);
-        let heartbeat = Heartbeat::start(beats, (heartbeat::INTERVAL, heartbeat::SILENCE), lost)
+        let pace = heartbeat::Pace {
+            interval: heartbeat::INTERVAL,
+            silence: heartbeat::SILENCE,
+            // Until a peer is first heard it may still be greeting the others.
+            first: JOIN_TIMEOUT,
+        };
+        let heartbeat = Heartbeat::start(beats, pace, lost)
             .map_err(|e| Error::Dataflow(format!("cannot start the cluster's heartbeats: {e}")))?;
         let hooks = Hooks::default();
         let threads = ProcessBuilder::new_typed_vector(
@@ -149,11 +155,16 @@ pub struct Started<T: Send + 'static> {
 }
 
 impl<T: Send + 'static> Started<T> {
-    /// Waits for every worker, then tells the peers this process is done (so that its
-    /// silence from then on is not taken for a loss): each worker's result, or its panic.
-    pub fn join(self) -> Vec<std::result::Result<T, String>> {
-        let results = self.guards.join();
-        if let Some(heartbeat) = self.heartbeat {
+    /// Waits for every worker and for the network threads (so that what this process
+    /// sent has left it), then tells the peers this process is done (so that its silence
+    /// from then on is not taken for a loss). Returns each worker's result, or its panic;
+    /// `None` if the network threads failed as they ended (a peer closed its connections
+    /// first), which is not a worker's failure: a caller that needs the results takes
+    /// them from the workers another way.
+    pub fn join(self) -> Option<Vec<std::result::Result<T, String>>> {
+        let Started { guards, heartbeat } = self;
+        let results = super::fate::quietly(move || guards.join());
+        if let Some(heartbeat) = heartbeat {
             heartbeat.finish();
         }
         results
@@ -178,6 +189,11 @@ type Sockets = Vec<Option<TcpStream>>;
 /// it dials the processes before it and accepts the ones after it, each connection
 /// opened with [`HELLO`] or [`HELLO_BEAT`] and the dialer's index. Returns timely's
 /// sockets, and `(process, heartbeat connection)` per peer.
+///
+/// Greetings are read as they come, all at once: a connection that says nothing (a port
+/// scanner, a stranger) is dropped after [`GREETING_TIMEOUT`] without holding up the
+/// others. Nothing authenticates a peer, though: a cluster's ports belong on a network
+/// only its processes reach.
 fn join(
     addresses: &[String],
     me: usize,
@@ -189,6 +205,7 @@ fn join(
         .map_err(|e| Error::Usage(format!("cannot listen on {}: {e}", addresses[me])))?;
     let mut sockets: Sockets = (0..n).map(|_| None).collect();
     let mut beats: Sockets = (0..n).map(|_| None).collect();
+    let mut greeting: Vec<Greeting> = Vec::new();
     let deadline = Instant::now() + timeout;
     loop {
         for p in 0..me {
@@ -200,10 +217,16 @@ fn join(
             }
         }
         while let Ok((stream, _)) = listener.accept() {
-            match greeted(&stream).filter(|&(_, p)| p > me && p < n) {
-                Some((HELLO, p)) => sockets[p] = Some(stream),
-                Some((_, p)) => beats[p] = Some(stream),
-                None => {}
+            if stream.set_nonblocking(true).is_ok() {
+                greeting.push(Greeting::new(stream));
+            }
+        }
+        for g in std::mem::take(&mut greeting) {
+            match g.poll() {
+                Greeted::Pending(g) => greeting.push(g),
+                Greeted::Peer(HELLO, p, stream) if p > me && p < n => sockets[p] = Some(stream),
+                Greeted::Peer(_, p, stream) if p > me && p < n => beats[p] = Some(stream),
+                Greeted::Peer(..) | Greeted::Stranger => {}
             }
         }
         let missing: Vec<usize> = (0..n)
@@ -243,22 +266,66 @@ fn dial(address: &str, hello: &[u8; 8], me: usize) -> Option<TcpStream> {
     Some(stream)
 }
 
-/// What an accepted connection is for ([`HELLO`] or [`HELLO_BEAT`]) and the index it
-/// says it comes from, if it greets as a peer does.
-fn greeted(stream: &TcpStream) -> Option<(&'static [u8; 8], usize)> {
-    stream.set_nonblocking(false).ok()?;
-    stream.set_nodelay(true).ok()?;
-    stream.set_read_timeout(Some(GREETING_TIMEOUT)).ok()?;
-    let mut hello = [0u8; 16];
-    (&*stream).read_exact(&mut hello).ok()?;
-    stream.set_read_timeout(None).ok()?;
-    let kind = [HELLO, HELLO_BEAT]
-        .into_iter()
-        .find(|k| &hello[..8] == k.as_slice())?;
-    Some((
-        kind,
-        u64::from_le_bytes(hello[8..].try_into().unwrap_or_default()) as usize,
-    ))
+/// An accepted connection whose greeting is being read (without blocking).
+struct Greeting {
+    stream: TcpStream,
+    got: Vec<u8>,
+    since: Instant,
+}
+
+/// What a greeting came to.
+enum Greeted {
+    /// Not all of it yet.
+    Pending(Greeting),
+    /// A peer: what the connection is for ([`HELLO`] or [`HELLO_BEAT`]) and the index it
+    /// says it comes from (checked by the caller).
+    Peer(&'static [u8; 8], usize, TcpStream),
+    /// Anything else: closed, silent past [`GREETING_TIMEOUT`], or not a greeting.
+    Stranger,
+}
+
+impl Greeting {
+    fn new(stream: TcpStream) -> Self {
+        Greeting {
+            stream,
+            got: Vec::with_capacity(16),
+            since: Instant::now(),
+        }
+    }
+
+    /// Reads what has arrived of the 16-byte greeting.
+    fn poll(mut self) -> Greeted {
+        let mut buf = [0u8; 16];
+        let want = 16 - self.got.len();
+        match (&self.stream).read(&mut buf[..want]) {
+            Ok(0) => return Greeted::Stranger,
+            Ok(k) => self.got.extend_from_slice(&buf[..k]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Greeted::Stranger,
+        }
+        if self.got.len() < 16 {
+            return if self.since.elapsed() < GREETING_TIMEOUT {
+                Greeted::Pending(self)
+            } else {
+                Greeted::Stranger
+            };
+        }
+        let Some(kind) = [HELLO, HELLO_BEAT]
+            .into_iter()
+            .find(|k| &self.got[..8] == k.as_slice())
+        else {
+            return Greeted::Stranger;
+        };
+        let index = u64::from_le_bytes(self.got[8..].try_into().unwrap_or_default()) as usize;
+        let ready =
+            self.stream.set_nonblocking(false).is_ok() && self.stream.set_nodelay(true).is_ok();
+        if ready {
+            Greeted::Peer(kind, index, self.stream)
+        } else {
+            Greeted::Stranger
+        }
+    }
 }
 
 #[cfg(test)]
@@ -282,21 +349,28 @@ mod tests {
     #[test]
     fn three_processes_join_and_strangers_are_ignored() {
         let addresses: Vec<String> = (0..3).map(|_| free()).collect();
-        let joined: Vec<_> = (0..3)
-            .map(|me| {
-                let a = addresses.clone();
-                std::thread::spawn(move || join(&a, me, Duration::from_secs(10)))
-            })
-            .collect();
-        // A stranger that says nothing, and one that says something else.
-        let _silent = loop {
+        let start = |me: usize| {
+            let a = addresses.clone();
+            std::thread::spawn(move || join(&a, me, Duration::from_secs(30)))
+        };
+        // Process 0 listens first, and strangers reach it before its peers do: twelve
+        // that say nothing (their greetings are read together, not one after the other
+        // for a second each), one that says half a greeting, one that says something else.
+        let first = start(0);
+        let connect = || loop {
             if let Ok(s) = TcpStream::connect(&addresses[0]) {
                 break s;
             }
             std::thread::sleep(Duration::from_millis(5));
         };
-        let mut rude = TcpStream::connect(&addresses[0]).unwrap();
+        let _silent: Vec<TcpStream> = (0..12).map(|_| connect()).collect();
+        let mut half = connect();
+        half.write_all(&HELLO[..5]).unwrap();
+        let mut rude = connect();
         rude.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let started = Instant::now();
+        let joined = [first, start(1), start(2)];
         for (me, j) in joined.into_iter().enumerate() {
             let (sockets, beats) = j.join().unwrap().unwrap();
             assert_eq!(sockets.len(), 3);
@@ -307,6 +381,8 @@ mod tests {
             let others: Vec<usize> = (0..3).filter(|&p| p != me).collect();
             assert_eq!(peers, others, "process {me}'s heartbeats");
         }
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(3), "joined after {took:?}");
     }
 
     #[test]

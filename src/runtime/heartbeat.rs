@@ -25,6 +25,16 @@ pub(super) const INTERVAL: Duration = Duration::from_secs(1);
 /// How long a peer may say nothing before it is taken for lost.
 pub(super) const SILENCE: Duration = Duration::from_secs(8);
 
+/// How often beats go out, and how long a peer may be silent: [`Pace::silence`] once it
+/// has been heard, [`Pace::first`] before (a peer may still be greeting other processes
+/// when this one starts listening).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pace {
+    pub interval: Duration,
+    pub silence: Duration,
+    pub first: Duration,
+}
+
 /// "Still here."
 const BEAT: u8 = b'.';
 /// "My part of the job is over": silence from here on is not a failure.
@@ -41,25 +51,25 @@ pub(super) struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// Starts a thread per `(peer, connection)`, beating every `interval` and calling
-    /// `lost` if the peer says nothing for `silence`, closes without saying it ended,
+    /// Starts a thread per `(peer, connection)`, beating at `pace` and calling `lost` if
+    /// the peer is silent for longer than `pace` allows, closes without saying it ended,
     /// or its connection fails.
     pub(super) fn start(
         peers: Vec<(usize, TcpStream)>,
-        (interval, silence): (Duration, Duration),
+        pace: Pace,
         lost: OnLost,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut kept = Vec::new();
         for (peer, stream) in peers {
-            stream.set_read_timeout(Some(interval))?;
-            stream.set_write_timeout(Some(silence))?;
+            stream.set_read_timeout(Some(pace.interval))?;
+            stream.set_write_timeout(Some(pace.silence))?;
             kept.push(stream.try_clone()?);
             let (stop, lost) = (stop.clone(), lost.clone());
             std::thread::Builder::new()
                 .name(format!("hydrant-heartbeat-{peer}"))
                 .spawn(move || {
-                    if let Err(seen) = watch(stream, interval, silence, &stop)
+                    if let Err(seen) = watch(stream, pace, &stop)
                         && !stop.load(Ordering::Acquire)
                     {
                         lost(peer, seen);
@@ -87,17 +97,19 @@ impl Drop for Heartbeat {
 
 /// Beats to the peer and listens to it until `stop` is set (`Ok`) or it is lost (`Err`,
 /// saying how). A peer that said it ended is not watched any longer.
-fn watch(
-    mut stream: TcpStream,
-    interval: Duration,
-    silence: Duration,
-    stop: &AtomicBool,
-) -> Result<(), String> {
-    let mut heard = Instant::now();
+///
+/// Silence is counted only while this thread looks: after a gap of its own (this process
+/// was stopped, or its thread not run, for more than two intervals) the peer gets a full
+/// silence again, since whatever it sent meanwhile is still to be read and what it did
+/// not send is not its fault (a whole cluster suspended and resumed is not a loss).
+fn watch(mut stream: TcpStream, pace: Pace, stop: &AtomicBool) -> Result<(), String> {
+    let mut heard: Option<Instant> = None;
+    let mut since = Instant::now();
+    let mut looked = Instant::now();
     let mut beaten: Option<Instant> = None;
     let mut buf = [0u8; 64];
     while !stop.load(Ordering::Acquire) {
-        if beaten.is_none_or(|t| t.elapsed() >= interval) {
+        if beaten.is_none_or(|t| t.elapsed() >= pace.interval) {
             stream
                 .write_all(&[BEAT])
                 .map_err(|e| format!("its heartbeat connection failed: {e}"))?;
@@ -106,15 +118,28 @@ fn watch(
         match stream.read(&mut buf) {
             Ok(0) => return Err("its heartbeat connection closed".into()),
             Ok(n) if buf[..n].contains(&END) => return Ok(()),
-            Ok(_) => heard = Instant::now(),
+            Ok(_) => {
+                heard = Some(Instant::now());
+                since = Instant::now();
+            }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("its heartbeat connection failed: {e}")),
         }
-        if heard.elapsed() >= silence {
+        // A read that took far longer than its timeout spanned a stop of this process.
+        if looked.elapsed() > 2 * pace.interval {
+            since = Instant::now();
+        }
+        looked = Instant::now();
+        let allowed = if heard.is_some() {
+            pace.silence
+        } else {
+            pace.first
+        };
+        if since.elapsed() >= allowed {
             return Err(format!(
                 "no word from it for {} s (stopped, hung or cut off)",
-                silence.as_secs()
+                allowed.as_secs()
             ));
         }
     }
@@ -128,7 +153,11 @@ mod tests {
 
     use super::*;
 
-    const FAST: (Duration, Duration) = (Duration::from_millis(20), Duration::from_millis(300));
+    const FAST: Pace = Pace {
+        interval: Duration::from_millis(20),
+        silence: Duration::from_millis(300),
+        first: Duration::from_millis(300),
+    };
 
     /// A connected pair of loopback sockets.
     fn pair() -> (TcpStream, TcpStream) {
@@ -140,12 +169,33 @@ mod tests {
 
     /// A heartbeat with peer 7 over `stream`, and what it reports lost.
     fn watched(stream: TcpStream) -> (Heartbeat, mpsc::Receiver<(usize, String)>) {
+        watched_at(stream, FAST)
+    }
+
+    fn watched_at(stream: TcpStream, pace: Pace) -> (Heartbeat, mpsc::Receiver<(usize, String)>) {
         let (tx, rx) = mpsc::channel();
         let tx = std::sync::Mutex::new(tx);
         let lost: OnLost = Arc::new(move |p, seen| {
             let _ = tx.lock().unwrap().send((p, seen));
         });
-        (Heartbeat::start(vec![(7, stream)], FAST, lost).unwrap(), rx)
+        (Heartbeat::start(vec![(7, stream)], pace, lost).unwrap(), rx)
+    }
+
+    #[test]
+    fn a_peer_not_yet_heard_has_longer() {
+        let (a, mut b) = pair();
+        let pace = Pace {
+            first: Duration::from_secs(3),
+            ..FAST
+        };
+        let (_watching, from_a) = watched_at(a, pace);
+        // Twice the silence without a word: still greeting, not lost.
+        let quiet = Duration::from_millis(600);
+        assert_eq!(from_a.recv_timeout(quiet), Err(RecvTimeoutError::Timeout));
+        // Heard once, then silent: lost after the ordinary silence.
+        b.write_all(&[BEAT]).unwrap();
+        let (_, seen) = from_a.recv_timeout(Duration::from_secs(2)).unwrap();
+        assert!(seen.contains("no word from it"), "{seen}");
     }
 
     #[test]
