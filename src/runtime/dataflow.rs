@@ -47,12 +47,13 @@ pub(super) const PARK: Duration = Duration::from_millis(1);
 /// How often `execute` calls its `on_tick` while the job runs.
 const TICK: Duration = Duration::from_millis(100);
 
-/// A failure the job cannot finish after: a worker panicked, or a peer process is lost.
-fn fatal(fate: &Fate, cluster: &Cluster) -> Option<String> {
+/// A failure the job cannot finish after: a worker panicked, or (while `waiting` for
+/// workers of this process) a peer process is lost.
+fn fatal(fate: &Fate, cluster: &Cluster, waiting: bool) -> Option<String> {
     if let Some(f) = fate.failure() {
         return Some(f.to_string());
     }
-    let (peer, seen) = fate::lost_peer().filter(|_| cluster.processes > 1)?;
+    let (peer, seen) = fate::lost_peer().filter(|_| waiting && cluster.processes > 1)?;
     Some(format!(
         "lost process {peer} of the cluster ({}): {seen}",
         cluster.address(*peer)
@@ -274,16 +275,18 @@ pub fn execute(job: Job, cluster: &Cluster, on_tick: impl FnMut()) -> Result<Rep
 /// Runs `work` on every worker of this process and waits for them; `on_tick` is called
 /// about ten times a second meanwhile. A worker's error goes to `errors`; a worker's
 /// panic (in `errors` as it happens: [`Fate`]) or a lost peer process ends the wait with
-/// one line, without joining the others.
+/// one line, without joining the others. A peer lost once every worker here is done
+/// (it finished, or stopped, first) does not fail this process's part.
 pub(super) fn supervise<T: Send + 'static>(
     cluster: &Cluster,
     errors: &ErrorSlot,
     mut on_tick: impl FnMut(),
     work: impl Fn(&mut Worker) -> Result<T> + Send + Sync + 'static,
 ) -> Result<Vec<T>> {
-    // Each worker says when it is done, so the job ends the moment the last one does (a
-    // sleep-and-check loop here once added 50 ms to every run on average).
-    let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(cluster.workers);
+    // Each worker hands over its result when it is done, so the job ends the moment the
+    // last one does (a sleep-and-check loop here once added 50 ms to every run on
+    // average), and the results do not depend on joining timely's threads.
+    let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<Result<T>>(cluster.workers);
     let fate = Fate::new(errors.clone());
     let (errors2, fate2) = (errors.clone(), fate.clone());
     let done_tx = std::sync::Mutex::new(done_tx);
@@ -294,21 +297,21 @@ pub(super) fn supervise<T: Send + 'static>(
         if let Err(e) = &result {
             errors2.set("worker", e);
         }
-        let _ = done_tx.lock().map(|tx| tx.send(()));
-        result
+        let _ = done_tx.lock().map(|tx| tx.send(result));
     })?;
-    let mut finished = 0;
+    let mut results = Vec::new();
     let mut failure = None;
-    while finished < cluster.workers && failure.is_none() {
+    while results.len() < cluster.workers && failure.is_none() {
         match done_rx.recv_timeout(TICK) {
-            Ok(()) => finished += 1,
+            Ok(result) => results.push(result),
             Err(RecvTimeoutError::Timeout) => on_tick(),
             // Every worker's sender is gone: they have all returned (or panicked).
             Err(RecvTimeoutError::Disconnected) => break,
         }
-        failure = fatal(&fate, cluster);
+        failure = fatal(&fate, cluster, results.len() < cluster.workers);
     }
-    if let Some(failure) = failure.or_else(|| fatal(&fate, cluster)) {
+    let done = results.len() == cluster.workers;
+    if let Some(failure) = failure.or_else(|| fatal(&fate, cluster, !done)) {
         // The other workers would wait for the failed one forever, and joining timely's
         // threads after a failure panics: let them be (a command exits; an embedded
         // caller's loaders get the error).
@@ -316,11 +319,10 @@ pub(super) fn supervise<T: Send + 'static>(
         guards.abandon();
         return Err(Error::Dataflow(failure));
     }
-    guards
-        .join()
-        .into_iter()
-        .map(|r| r.map_err(Error::Dataflow)?)
-        .collect()
+    // Joins the network threads too, so that what this process sent has left it. Their
+    // failure is not this job's (a peer that finished first closed its connections).
+    let _ = guards.join();
+    results.into_iter().collect()
 }
 
 /// Where one worker's rank batches go.

@@ -50,6 +50,18 @@ impl Fate {
 thread_local! {
     /// The job whose worker runs on this thread.
     static JOB: RefCell<Option<Fate>> = const { RefCell::new(None) };
+    /// Whether this thread is in [`quietly`].
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic in it into `None` with nothing printed: for tearing down
+/// timely's network threads, whose guard panics when a peer closed its connections first.
+pub fn quietly<R>(f: impl FnOnce() -> R) -> Option<R> {
+    install_hook();
+    QUIET.with(|q| q.set(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
+    QUIET.with(|q| q.set(false));
+    result
 }
 
 /// The first lost peer of this process's cluster: `(process index, what was seen)`.
@@ -88,6 +100,9 @@ pub fn install_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
+            if QUIET.with(|q| q.get()) {
+                return;
+            }
             // A panic inside a guarded decoder becomes that read's error, not the job's.
             if hydrant_flight::decoding() {
                 return previous(info);

@@ -5,6 +5,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use timely::ExchangeData;
@@ -31,6 +32,10 @@ pub fn gather(cluster: &Cluster, value: String) -> Result<Vec<String>> {
         workers: 1,
         ..cluster.clone()
     };
+    // The worker leaves its values here: joining the cluster's threads may fail after it
+    // is done (a peer that finished first closed its connections).
+    let slot = Arc::new(Mutex::new(None));
+    let put = slot.clone();
     let guards = one.execute(move |worker| {
         let heard = Rc::new(RefCell::new(Vec::<(usize, String)>::new()));
         let mut input = InputHandle::new();
@@ -53,14 +58,19 @@ pub fn gather(cluster: &Cluster, value: String) -> Result<Vec<String>> {
         }
         let mut heard = heard.take();
         heard.sort();
-        heard.into_iter().map(|(_, v)| v).collect::<Vec<_>>()
+        let values = heard.into_iter().map(|(_, v)| v).collect::<Vec<_>>();
+        if let Ok(mut slot) = put.lock() {
+            *slot = Some(values);
+        }
     })?;
-    let values = guards
-        .join()
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::Dataflow("the cluster started no worker".into()))?
-        .map_err(Error::Dataflow)?;
+    if let Some(Some(Err(panic))) = guards.join().map(|r| r.into_iter().next()) {
+        return Err(Error::Dataflow(panic));
+    }
+    let values = slot
+        .lock()
+        .ok()
+        .and_then(|mut s| s.take())
+        .ok_or_else(|| Error::Dataflow("the cluster's processes did not all say".into()))?;
     if values.len() != cluster.processes {
         return Err(Error::Dataflow(format!(
             "heard {} of the cluster's {} processes",

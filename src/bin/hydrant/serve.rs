@@ -277,9 +277,11 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             }
         });
         let stop = Arc::new(tokio::sync::Notify::new());
-        let stop2 = stop.clone();
+        let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (stop2, stopping2) = (stop.clone(), stopping.clone());
         tokio::spawn(async move {
             shutdown_signal().await;
+            stopping2.store(true, std::sync::atomic::Ordering::Relaxed);
             stop2.notify_waiters();
         });
         let graceful = server.serve(listener, {
@@ -289,8 +291,21 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         tokio::select! {
             served = graceful => served
                 .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e)))),
-            // The cluster shares its fate: a lost peer ends every process, with one line.
-            why = failed.cluster_failed() => Err(Error::Dataflow(why)),
+            // The cluster shares its fate: a lost peer ends every process, with one line;
+            // unless this process is being stopped too (a cluster's processes stopped
+            // together see each other go; the signals may reach them a moment apart).
+            why = failed.cluster_failed() => {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+                while !stopping.load(std::sync::atomic::Ordering::Relaxed)
+                    && tokio::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                match stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                    true => Ok(()),
+                    false => Err(Error::Dataflow(why)),
+                }
+            }
             _ = async {
                 stop.notified().await;
                 tokio::time::sleep(Duration::from_secs(5)).await;
