@@ -300,6 +300,52 @@ fn a_cluster_stopped_whole_and_resumed_finishes() {
     }
 }
 
+/// Processes started with different options would place rows where the others do not
+/// look for them (a different seed duplicated a third of the rows and lost as many):
+/// every process checks that the others run its job, and says which option differs.
+#[test]
+fn processes_started_differently_refuse_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    for (option, a, b) in [
+        ("--seed", "1", "2"),
+        ("--epochs", "1", "3"),
+        ("--start-step", "0", "10"),
+        ("--last-batch", "pad", "drop"),
+    ] {
+        let base = run_args(
+            &io,
+            "null",
+            &["--ranks", "2", "--batch-size", "10", "--shuffle"],
+        );
+        let children = spawn_cluster_with(dir.path(), 2, 1, |p| {
+            let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+            args[2] = toml.to_str().unwrap().to_string();
+            args.extend([option.to_string(), if p == 0 { a } else { b }.to_string()]);
+            args
+        });
+        let outs: Vec<_> = children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        let all: Vec<_> = outs
+            .iter()
+            .map(|o| String::from_utf8_lossy(&o.stderr))
+            .collect();
+        for (p, out) in outs.iter().enumerate() {
+            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            assert!(
+                !out.status.success(),
+                "{option}, process {p} succeeded: {all:?}"
+            );
+            assert_eq!(stderr.lines().count(), 1, "{option}: {all:?}");
+            assert!(stderr.contains("runs another job"), "{option}: {all:?}");
+            assert!(stderr.contains(option), "{option}: {stderr}");
+        }
+    }
+}
+
 /// Fitting deals each statistic to one worker to merge and finish, and hands every worker
 /// the finished parameters: the state written is the same, byte for byte, on any layout,
 /// for every kind of fitted step, over two passes (a step fitted after another).

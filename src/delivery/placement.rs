@@ -176,6 +176,11 @@ impl Placement {
             .map_or(0, |n| n / self.step_rows() * self.batch_size as u64)
     }
 
+    /// The seed of the shuffle.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     /// Data-parallel ranks.
     pub fn world_size(&self) -> usize {
         self.world_size

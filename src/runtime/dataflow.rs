@@ -255,6 +255,9 @@ impl Report {
 /// Runs the job on `cluster` and waits for it; `on_tick` is called about ten times a
 /// second while it runs (for a progress bar).
 pub fn execute(job: Job, cluster: &Cluster, on_tick: impl FnMut()) -> Result<Report> {
+    if cluster.processes > 1 {
+        super::agree::same_job(&job, cluster)?;
+    }
     let layout = (cluster.process, cluster.workers);
     let errors = job.errors.clone();
     let job = Arc::new(job);

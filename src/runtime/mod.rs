@@ -2,6 +2,7 @@
 //! of one process or as the processes of a cluster — and what happens when part of it
 //! fails (a worker panics, a peer process is lost).
 
+mod agree;
 mod cluster;
 mod dataflow;
 mod fate;
