@@ -33,6 +33,13 @@ fn run_args<'a>(io: &'a (PathBuf, PathBuf), out: &'a str, extra: &[&'a str]) -> 
     args
 }
 
+/// `run` arguments of the Criteo pipeline over `io` into the null sink (the loaders).
+fn null_args<'a>(io: &'a (PathBuf, PathBuf), toml: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = run_args(io, "null", extra);
+    args[2] = toml.to_str().unwrap();
+    args
+}
+
 /// Runs on `processes` × `workers` and returns the placed rows and the featurized rows.
 fn run_on(
     dir: &Path,
@@ -106,12 +113,11 @@ fn each_process_delivers_its_own_ranks_through_its_loaders() {
     let dir = tempfile::tempdir().unwrap();
     let io = inputs(dir.path());
     let toml = criteo_toml();
-    let mut args = run_args(
+    let args = null_args(
         &io,
-        "null",
+        &toml,
         &["--ranks", "4", "--batch-size", "50", "--epochs", "2"],
     );
-    args[2] = toml.to_str().unwrap();
     let summaries = run_cluster(dir.path(), 2, 2, &args);
     let steps = 1003u64.div_ceil(200);
     let mut rows = 0;
@@ -163,8 +169,7 @@ fn losing_a_process_stops_the_cluster_and_a_restart_resumes_exactly() {
     // Long enough to be killed in the middle: many epochs, consumed by the loaders.
     let mut long = shared.to_vec();
     long.extend(["--epochs", "100000"]);
-    let mut args = run_args(&io, "null", &long);
-    args[2] = toml.to_str().unwrap();
+    let args = null_args(&io, &toml, &long);
     let mut children = spawn_cluster(dir.path(), 2, 1, &args);
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
@@ -221,12 +226,11 @@ fn a_stopped_process_stops_the_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let io = inputs(dir.path());
     let toml = criteo_toml();
-    let mut args = run_args(
+    let args = null_args(
         &io,
-        "null",
+        &toml,
         &["--ranks", "2", "--batch-size", "10", "--epochs", "100000"],
     );
-    args[2] = toml.to_str().unwrap();
     let mut children = spawn_cluster(dir.path(), 2, 1, &args);
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
@@ -272,12 +276,11 @@ fn a_cluster_stopped_whole_and_resumed_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let io = inputs(dir.path());
     let toml = criteo_toml();
-    let mut args = run_args(
+    let args = null_args(
         &io,
-        "null",
+        &toml,
         &["--ranks", "2", "--batch-size", "10", "--epochs", "2000"],
     );
-    args[2] = toml.to_str().unwrap();
     let children = spawn_cluster(dir.path(), 2, 1, &args);
     std::thread::sleep(Duration::from_millis(1500));
     let signal = |sig: &str| {

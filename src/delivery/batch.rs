@@ -48,6 +48,22 @@ pub struct RankBatch {
     pub batch: Batch,
 }
 
+#[cfg(test)]
+impl StepMeta {
+    /// Step `step` of epoch 0, rank 0 of 1, no padding: for tests.
+    pub(crate) fn at_step(step: u64) -> Self {
+        StepMeta {
+            epoch: 0,
+            step,
+            rank: 0,
+            world_size: 1,
+            padded_rows: 0,
+            state_version: 0,
+            positions: None,
+        }
+    }
+}
+
 impl RankBatch {
     /// The rows.
     pub fn data(&self) -> &RecordBatch {

@@ -495,17 +495,8 @@ mod tests {
             columns.remove(0);
         }
         let data = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-        let meta = StepMeta {
-            epoch: 0,
-            step,
-            rank: 0,
-            world_size: 1,
-            padded_rows: 0,
-            state_version: 0,
-            positions: None,
-        };
         RankBatch {
-            meta,
+            meta: StepMeta::at_step(step),
             batch: Batch { seq: step, data },
         }
     }

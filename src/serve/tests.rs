@@ -14,15 +14,7 @@ use crate::delivery::{RankBatch, StepMeta};
 
 fn step(step: u64) -> RankBatch {
     RankBatch {
-        meta: StepMeta {
-            epoch: 0,
-            step,
-            rank: 0,
-            world_size: 1,
-            padded_rows: 0,
-            state_version: 0,
-            positions: None,
-        },
+        meta: StepMeta::at_step(step),
         batch: hydrant_operators::Batch {
             seq: step,
             data: RecordBatch::new_empty(Arc::new(Schema::empty())),
