@@ -18,6 +18,8 @@ use futures::FutureExt;
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tonic::transport::server::TcpIncoming;
+
+use crate::idle::{FirstWords, GREETING_TIMEOUT};
 use tonic::transport::{Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -276,7 +278,10 @@ impl FlightServer {
             .initial_connection_window_size(Some(64 << 20))
             .add_service(service)
             .serve_with_incoming_shutdown(
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                // A connection that never starts talking is dropped (`idle.rs`).
+                TcpIncoming::from(listener)
+                    .with_nodelay(Some(true))
+                    .map_ok(|io| FirstWords::new(io, GREETING_TIMEOUT)),
                 shutdown,
             )
             .await
