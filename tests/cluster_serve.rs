@@ -499,17 +499,8 @@ async fn stop_while_reading(dir: &Path, io: &(PathBuf, PathBuf)) {
     for _ in 0..RANKS {
         started.recv().await.unwrap();
     }
-    let pids: Vec<String> = cluster
-        .servers
-        .iter()
-        .map(|s| s.0.id().to_string())
-        .collect();
-    let term = std::process::Command::new("kill")
-        .arg("-TERM")
-        .args(&pids)
-        .status()
-        .unwrap();
-    assert!(term.success());
+    let pids: Vec<u32> = cluster.servers.iter().map(|s| s.0.id()).collect();
+    signal("-TERM", &pids);
     let stopped = Instant::now();
     for (p, server) in cluster.servers.iter_mut().enumerate() {
         let status = loop {

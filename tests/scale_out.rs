@@ -40,6 +40,42 @@ fn null_args<'a>(io: &'a (PathBuf, PathBuf), toml: &'a Path, extra: &[&'a str]) 
     args
 }
 
+/// A cluster of 2 processes of 1 worker running `args`, both still running after 1.5 s.
+fn running_cluster(dir: &Path, args: &[&str]) -> Vec<std::process::Child> {
+    let mut children = spawn_cluster(dir, 2, 1, args);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        children[0].try_wait().unwrap().is_none(),
+        "process 0 ended early"
+    );
+    children
+}
+
+/// Waits for `survivor` to end after process 1 was `what` at `since` (at most `limit`,
+/// killing it and `others` if not), and returns its one-line error, which names the lost
+/// process 1, and when it ended.
+fn lost_process_1(
+    mut survivor: std::process::Child,
+    others: &mut [std::process::Child],
+    (what, since, limit): (&str, Instant, Duration),
+) -> (String, Duration) {
+    while survivor.try_wait().unwrap().is_none() {
+        if since.elapsed() > limit {
+            let _ = survivor.kill();
+            others.iter_mut().for_each(|c| drop(c.kill()));
+            panic!("process 0 still runs {limit:?} after process 1 was {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = since.elapsed();
+    let out = survivor.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("lost process 1"), "{stderr}");
+    (stderr, took)
+}
+
 /// Runs on `processes` × `workers` and returns the placed rows and the featurized rows.
 fn run_on(
     dir: &Path,
@@ -170,28 +206,13 @@ fn losing_a_process_stops_the_cluster_and_a_restart_resumes_exactly() {
     let mut long = shared.to_vec();
     long.extend(["--epochs", "100000"]);
     let args = null_args(&io, &toml, &long);
-    let mut children = spawn_cluster(dir.path(), 2, 1, &args);
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(
-        children[0].try_wait().unwrap().is_none(),
-        "process 0 ended early"
-    );
+    let mut children = running_cluster(dir.path(), &args);
     children[1].kill().unwrap();
     let _ = children[1].wait();
     let killed = Instant::now();
-    let mut survivor = children.remove(0);
-    while survivor.try_wait().unwrap().is_none() {
-        assert!(
-            killed.elapsed() < Duration::from_secs(10),
-            "process 0 still runs 10 s after process 1 was killed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = survivor.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    assert!(!out.status.success(), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
-    assert!(stderr.contains("lost process 1"), "{stderr}");
+    let survivor = children.remove(0);
+    let limit = Duration::from_secs(10);
+    let (stderr, _) = lost_process_1(survivor, &mut [], ("killed", killed, limit));
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     // The trainers checkpointed step 40 of epoch 0: both processes restart from there and
@@ -231,36 +252,16 @@ fn a_stopped_process_stops_the_cluster() {
         &toml,
         &["--ranks", "2", "--batch-size", "10", "--epochs", "100000"],
     );
-    let mut children = spawn_cluster(dir.path(), 2, 1, &args);
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(
-        children[0].try_wait().unwrap().is_none(),
-        "process 0 ended early"
-    );
-    let stop = std::process::Command::new("kill")
-        .args(["-STOP", &children[1].id().to_string()])
-        .status()
-        .unwrap();
-    assert!(stop.success());
+    let mut children = running_cluster(dir.path(), &args);
+    signal("-STOP", &[children[1].id()]);
     let stopped = Instant::now();
-    let mut survivor = children.remove(0);
-    let mut frozen = children.remove(0);
-    while survivor.try_wait().unwrap().is_none() {
-        if stopped.elapsed() > Duration::from_secs(20) {
-            let _ = survivor.kill();
-            let _ = frozen.kill();
-            panic!("process 0 still runs 20 s after process 1 was stopped");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let survivor = children.remove(0);
+    let limit = Duration::from_secs(20);
+    let (stderr, took) = lost_process_1(survivor, &mut children, ("stopped", stopped, limit));
+    for frozen in &mut children {
+        let _ = frozen.kill();
+        let _ = frozen.wait();
     }
-    let took = stopped.elapsed();
-    let _ = frozen.kill();
-    let _ = frozen.wait();
-    let out = survivor.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    assert!(!out.status.success(), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
-    assert!(stderr.contains("lost process 1"), "{stderr}");
     assert!(stderr.contains("no word from it"), "{stderr}");
     // Not before the heartbeats' silence (8 s) has passed: a busy peer is not a lost one.
     assert!(
@@ -283,19 +284,11 @@ fn a_cluster_stopped_whole_and_resumed_finishes() {
     );
     let children = spawn_cluster(dir.path(), 2, 1, &args);
     std::thread::sleep(Duration::from_millis(1500));
-    let signal = |sig: &str| {
-        for c in &children {
-            let ok = std::process::Command::new("kill")
-                .args([sig, &c.id().to_string()])
-                .status()
-                .unwrap();
-            assert!(ok.success());
-        }
-    };
-    signal("-STOP");
+    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
+    signal("-STOP", &pids);
     // Longer than the heartbeats' silence (8 s).
     std::thread::sleep(Duration::from_secs(10));
-    signal("-CONT");
+    signal("-CONT", &pids);
     for (p, c) in children.into_iter().enumerate() {
         let out = c.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -18,15 +18,15 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
 /// How long a new connection has to send its first [`FIRST_BYTES`].
-pub const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The bytes after which a connection has started talking: HTTP/2's client preface
 /// (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`) is 24 bytes, and so is less than any TLS hello.
-pub const FIRST_BYTES: usize = 24;
+pub(crate) const FIRST_BYTES: usize = 24;
 
 /// A connection whose reads fail with `TimedOut` if it has not sent [`FIRST_BYTES`] by its
 /// deadline.
-pub struct FirstWords<IO> {
+pub(crate) struct FirstWords<IO> {
     io: IO,
     /// Until the first bytes are in: how many came, and when time is up.
     waiting: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
@@ -34,7 +34,7 @@ pub struct FirstWords<IO> {
 
 impl<IO> FirstWords<IO> {
     /// `io`, which must send its first bytes `within` this time.
-    pub fn new(io: IO, within: Duration) -> Self {
+    pub(crate) fn new(io: IO, within: Duration) -> Self {
         FirstWords {
             io,
             waiting: Some((0, Box::pin(tokio::time::sleep(within)))),

@@ -39,6 +39,5 @@ pub use check::{
 };
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use encode::batch_bytes;
-pub use idle::{FIRST_BYTES, FirstWords, GREETING_TIMEOUT};
 pub use service::{Accepted, BatchMeta, FlightServer, Origin, RankStream, ServeError, Served};
 pub use ticket::{Ticket, TicketError};

@@ -18,14 +18,13 @@ use futures::FutureExt;
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tonic::transport::server::TcpIncoming;
-
-use crate::idle::{FirstWords, GREETING_TIMEOUT};
 use tonic::transport::{Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Auth, Denied, Role};
 use crate::doget::Route;
 use crate::encode::Encoder;
+use crate::idle::{FirstWords, GREETING_TIMEOUT};
 
 /// How long a failed login waits before its answer.
 const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);

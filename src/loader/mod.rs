@@ -236,19 +236,17 @@ enum FeedTx {
 impl LoaderFeed {
     /// Hands over a batch, waiting while the loader is full (backpressure).
     pub fn send(&self, batch: RankBatch) -> Result<()> {
-        #[cfg_attr(not(feature = "cuda"), allow(clippy::infallible_destructuring_match))]
-        let tx = match &self.tx {
+        match &self.tx {
+            FeedTx::Direct(tx) => match TrainingBatch::from_rank_batch(&batch) {
+                Ok(b) => tx.send(Ok(b)).map_err(|_| stopped_reading(self.rank)),
+                Err(e) => {
+                    let line = format!("rank {}: {e}", self.rank);
+                    let _ = tx.send(Err(e));
+                    Err(Error::Dataflow(line))
+                }
+            },
             #[cfg(feature = "cuda")]
-            FeedTx::Actor(tx) => return tx.send(batch).map_err(|_| stopped_reading(self.rank)),
-            FeedTx::Direct(tx) => tx,
-        };
-        match TrainingBatch::from_rank_batch(&batch) {
-            Ok(b) => tx.send(Ok(b)).map_err(|_| stopped_reading(self.rank)),
-            Err(e) => {
-                let line = format!("rank {}: {e}", self.rank);
-                let _ = tx.send(Err(e));
-                Err(Error::Dataflow(line))
-            }
+            FeedTx::Actor(tx) => tx.send(batch).map_err(|_| stopped_reading(self.rank)),
         }
     }
 }
@@ -376,8 +374,8 @@ pub fn spawn(
 }
 
 /// Starts the thread that uploads `rank`'s batches and hands them on to `tx`. It ends when
-/// the feed is dropped (after passing on the run's error, if `errors` holds one) or when
-/// every [`Loader`] handle is dropped.
+/// the feed is dropped, the run has failed (the [`Loader`] passes the error on), or every
+/// [`Loader`] handle is dropped.
 #[cfg(feature = "cuda")]
 fn spawn_actor(
     rank: usize,
@@ -393,18 +391,15 @@ fn spawn_actor(
                 let rb = match feed_rx.recv_timeout(WATCH) {
                     Ok(rb) => rb,
                     // A failed run may never close the feed (a worker that panicked, a
-                    // lost peer): its error is passed on as soon as it is known.
+                    // lost peer): the actor ends, and the loader passes the error on.
                     Err(RecvTimeoutError::Timeout) if errors.get().is_none() => continue,
-                    Err(_) => break,
+                    Err(_) => return,
                 };
                 let out = TrainingBatch::from_rank_batch(&rb).and_then(|b| uploader.upload(b));
                 let failed = out.is_err();
                 if tx.send(out).is_err() || failed {
                     return;
                 }
-            }
-            if let Some(e) = errors.get() {
-                let _ = tx.send(Err(Error::Dataflow(e)));
             }
         })
         .map_err(|e| Error::Dataflow(format!("cannot start loader {rank}: {e}")))?;

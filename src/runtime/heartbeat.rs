@@ -103,7 +103,7 @@ impl Drop for Heartbeat {
 /// silence again, since whatever it sent meanwhile is still to be read and what it did
 /// not send is not its fault (a whole cluster suspended and resumed is not a loss).
 fn watch(mut stream: TcpStream, pace: Pace, stop: &AtomicBool) -> Result<(), String> {
-    let mut heard: Option<Instant> = None;
+    let mut heard = false;
     let mut since = Instant::now();
     let mut looked = Instant::now();
     let mut beaten: Option<Instant> = None;
@@ -119,7 +119,7 @@ fn watch(mut stream: TcpStream, pace: Pace, stop: &AtomicBool) -> Result<(), Str
             Ok(0) => return Err("its heartbeat connection closed".into()),
             Ok(n) if buf[..n].contains(&END) => return Ok(()),
             Ok(_) => {
-                heard = Some(Instant::now());
+                heard = true;
                 since = Instant::now();
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
@@ -131,11 +131,7 @@ fn watch(mut stream: TcpStream, pace: Pace, stop: &AtomicBool) -> Result<(), Str
             since = Instant::now();
         }
         looked = Instant::now();
-        let allowed = if heard.is_some() {
-            pace.silence
-        } else {
-            pace.first
-        };
+        let allowed = if heard { pace.silence } else { pace.first };
         if since.elapsed() >= allowed {
             return Err(format!(
                 "no word from it for {} s (stopped, hung or cut off)",

@@ -276,18 +276,19 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                 served.sweep();
             }
         });
-        let stop = Arc::new(tokio::sync::Notify::new());
-        let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (stop2, stopping2) = (stop.clone(), stopping.clone());
+        // Whether SIGINT/SIGTERM has come: every wait below looks at this one channel.
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             shutdown_signal().await;
-            stopping2.store(true, std::sync::atomic::Ordering::Relaxed);
-            stop2.notify_waiters();
+            let _ = stop_tx.send(true);
         });
-        let graceful = server.serve(listener, {
-            let stop = stop.clone();
-            async move { stop.notified().await }
-        });
+        let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+            // An error: the signal task is gone without a signal, so none will come.
+            if stop.wait_for(|s| *s).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let graceful = server.serve(listener, stopped(stop.clone()));
         tokio::select! {
             served = graceful => served
                 .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e)))),
@@ -295,19 +296,13 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             // unless this process is being stopped too (a cluster's processes stopped
             // together see each other go; the signals may reach them a moment apart).
             why = failed.cluster_failed() => {
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-                while !stopping.load(std::sync::atomic::Ordering::Relaxed)
-                    && tokio::time::Instant::now() < deadline
-                {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                match stopping.load(std::sync::atomic::Ordering::Relaxed) {
-                    true => Ok(()),
-                    false => Err(Error::Dataflow(why)),
+                match tokio::time::timeout(Duration::from_secs(1), stopped(stop.clone())).await {
+                    Ok(()) => Ok(()),
+                    Err(_) => Err(Error::Dataflow(why)),
                 }
             }
             _ = async {
-                stop.notified().await;
+                stopped(stop.clone()).await;
                 tokio::time::sleep(Duration::from_secs(5)).await;
             } => {
                 hydrant::operators::log_line!("hydrant: streams still open after 5 s; closing them");
