@@ -123,6 +123,22 @@ fn fitting_across_processes_matches_one_process() {
     }
 }
 
+/// `hydrant run` of `toml` over `input` (`rows` rows) with `extra` options: its peak
+/// resident memory in MiB, from its summary.
+fn peak_rss_mb(toml: &std::path::Path, input: &std::path::Path, rows: u64, extra: &[&str]) -> f64 {
+    let mut args = vec![
+        "run",
+        "--pipeline",
+        toml.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let s = hydrant_ok(&args);
+    assert_eq!(s["rows"], rows);
+    s["peak_rss_mb"].as_f64().expect("peak_rss_mb on Linux")
+}
+
 #[test]
 fn peak_memory_does_not_grow_with_the_input() {
     let dir = tempfile::tempdir().unwrap();
@@ -138,17 +154,7 @@ fn peak_memory_does_not_grow_with_the_input() {
     // input's 78–87 MiB, so the comparison failed about one run in eight.
     for rows in [16_384u64 * 24, 16_384 * 96] {
         let input = gen_criteo_in_row_groups(dir.path(), rows, 1, 16_384);
-        let s = hydrant_ok(&[
-            "run",
-            "--pipeline",
-            toml.to_str().unwrap(),
-            "--input",
-            input.to_str().unwrap(),
-            "--workers",
-            "2",
-        ]);
-        assert_eq!(s["rows"], rows);
-        peaks.push(s["peak_rss_mb"].as_f64().expect("peak_rss_mb on Linux"));
+        peaks.push(peak_rss_mb(&toml, &input, rows, &["--workers", "2"]));
     }
     // Four times the rows, the same memory give or take allocator noise.
     assert!(
@@ -170,20 +176,8 @@ fn tiny_shuffled_batches_cost_little_beyond_their_rows() {
     let toml = criteo_toml().with_file_name("criteo_hash.toml");
     let input = gen_criteo_in_row_groups(dir.path(), 262_144, 1, 65_536);
     let peak = |b: &str| {
-        let s = hydrant_ok(&[
-            "run",
-            "--pipeline",
-            toml.to_str().unwrap(),
-            "--input",
-            input.to_str().unwrap(),
-            "--ranks",
-            "2",
-            "--batch-size",
-            b,
-            "--shuffle",
-        ]);
-        assert_eq!(s["rows"], 262_144);
-        s["peak_rss_mb"].as_f64().expect("peak_rss_mb on Linux")
+        let shuffled = ["--ranks", "2", "--batch-size", b, "--shuffle"];
+        peak_rss_mb(&toml, &input, 262_144, &shuffled)
     };
     let (tiny, usual) = (peak("1"), peak("4096"));
     assert!(
