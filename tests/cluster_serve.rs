@@ -461,6 +461,43 @@ async fn garbage_status_and_a_second_reader_on_a_cluster() {
     assert_exactly_once(&ranks, rows);
 }
 
+/// One rank read alone on a serving cluster: once its trainer has waited, the ranks no one
+/// reads are let go, those of its own process and, at its word, those of the other, so it
+/// reads its whole epoch; the others, read later, catch up on runs of their own with
+/// exactly their rows. (Before, process 1's unread ranks held the trainer forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_rank_read_alone_on_a_cluster_gets_its_whole_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    // Far more steps than the queues and the readers' slack hold (the slack is ~1,200
+    // steps of 7 rows here: 4 batches in flight of 8,192 rows, cut 4 ranks' ways).
+    let rows = 100_000;
+    let io = folder_with_state(dir.path(), &[rows], 7);
+    let mut cluster = serve_cluster(dir.path(), &io, 2, &["--absent-after", "1"]);
+    let mut client = Client::connect(&uri(&cluster.ready[0])).await.unwrap();
+    let endpoints = client.endpoints("criteo").await.unwrap();
+    let steps = (rows as usize).div_ceil(BATCH * RANKS as usize);
+
+    let (t, location) = endpoints[0].clone();
+    let alone = read(location.unwrap(), ticket(t.rank, 0, 0), usize::MAX).await;
+    assert_eq!(alone.len(), steps, "rank 0 read alone has its whole epoch");
+
+    let mut ranks = read_epoch(&endpoints[1..], 0, 0, usize::MAX).await;
+    ranks.insert(0, alone);
+    assert_exactly_once(&ranks, rows);
+
+    // Process 1 says why it let its ranks go.
+    let p1 = &mut cluster.servers[1].0;
+    p1.kill().unwrap();
+    p1.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(p1.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    for rank in [2, 3] {
+        let line =
+            format!("rank {rank} of epoch 0 has had no reader while a trainer on process 0 waited");
+        assert!(stderr.contains(&line), "{stderr}");
+    }
+}
+
 /// Every process of a serving cluster stopped at once (SIGTERM) while trainers read: each
 /// sees the others go, which is not a failure when it is stopping too; each exits 0. (One
 /// of two exited 1 with "lost process N" in 8 of 10 tries before.)

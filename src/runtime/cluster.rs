@@ -13,7 +13,7 @@ use timely::communication::allocator::{AllocatorBuilder, ProcessBuilder};
 use timely::communication::{Hooks, WorkerGuards};
 use timely::worker::Worker;
 
-use super::heartbeat::{self, Heartbeat};
+use super::heartbeat::{self, Heartbeat, Signals};
 use crate::error::{Error, Result};
 
 /// How long the processes of a cluster wait for one another at start-up.
@@ -99,8 +99,9 @@ impl Cluster {
     /// Starts `worker` on every worker thread of this process, joined to the other
     /// processes of the cluster first (waiting at most [`JOIN_TIMEOUT`] for them), with
     /// heartbeats to them that record a peer that stops answering as lost (the job then
-    /// ends with one line naming it).
-    pub fn execute<T, F>(&self, worker: F) -> Result<Started<T>>
+    /// ends with one line naming it). `signals` reach the peers while it runs (and theirs
+    /// are heard); one process has no one to signal.
+    pub fn execute<T, F>(&self, signals: Option<&Signals>, worker: F) -> Result<Started<T>>
     where
         T: Send + 'static,
         F: Fn(&mut Worker) -> T + Send + Sync + 'static,
@@ -122,7 +123,7 @@ impl Cluster {
             // Until a peer is first heard it may still be greeting the others.
             first: JOIN_TIMEOUT,
         };
-        let heartbeat = Heartbeat::start(beats, pace, lost)
+        let heartbeat = Heartbeat::start(beats, pace, lost, signals.cloned())
             .map_err(|e| Error::Dataflow(format!("cannot start the cluster's heartbeats: {e}")))?;
         let hooks = Hooks::default();
         let threads = ProcessBuilder::new_typed_vector(

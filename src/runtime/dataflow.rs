@@ -31,6 +31,7 @@ use timely::worker::Worker;
 use super::cluster::Cluster;
 use super::fate::{self, Fate};
 use super::gather::all_to_all;
+use super::heartbeat::Signals;
 use super::read;
 use crate::delivery::{
     Arena, Delivery, Ownership, Owning, Piece, PlaceRows, RankBatch, delivery_schema, own,
@@ -159,6 +160,8 @@ pub struct Job {
     pub featurized: Arc<AtomicU64>,
     /// Where the run's first error is left (loaders pass it on to their trainers).
     pub errors: ErrorSlot,
+    /// What the processes of a cluster may signal each other while the job runs.
+    pub signals: Option<Signals>,
     /// The state this run fitted, bound once for every worker of the process (binding
     /// builds the vocabulary indexes, the slow part, on every core already).
     fitted_binding: Mutex<Option<Transformer>>,
@@ -189,6 +192,7 @@ impl Job {
             progress: Default::default(),
             featurized: Default::default(),
             errors: ErrorSlot::default(),
+            signals: None,
             fitted_binding: Mutex::default(),
             arena,
         }
@@ -261,8 +265,8 @@ pub fn execute(job: Job, cluster: &Cluster, on_tick: impl FnMut()) -> Result<Rep
     let layout = (cluster.process, cluster.workers);
     let errors = job.errors.clone();
     let job = Arc::new(job);
-    let errors2 = errors.clone();
-    let reports = supervise(cluster, &errors, on_tick, move |worker| {
+    let (errors2, signals) = (errors.clone(), job.signals.clone());
+    let reports = supervise(cluster, &errors, signals.as_ref(), on_tick, move |worker| {
         run_worker(worker, &job, layout, &errors2)
     })?;
     let mut total = Report::default();
@@ -283,6 +287,7 @@ pub fn execute(job: Job, cluster: &Cluster, on_tick: impl FnMut()) -> Result<Rep
 pub(super) fn supervise<T: Send + 'static>(
     cluster: &Cluster,
     errors: &ErrorSlot,
+    signals: Option<&Signals>,
     mut on_tick: impl FnMut(),
     work: impl Fn(&mut Worker) -> Result<T> + Send + Sync + 'static,
 ) -> Result<Vec<T>> {
@@ -294,7 +299,7 @@ pub(super) fn supervise<T: Send + 'static>(
     let (errors2, fate2) = (errors.clone(), fate.clone());
     let done_tx = std::sync::Mutex::new(done_tx);
     fate::install_hook();
-    let guards = cluster.execute(move |worker| {
+    let guards = cluster.execute(signals, move |worker| {
         fate::register_worker(&fate2);
         let result = work(worker);
         if let Err(e) = &result {

@@ -36,7 +36,7 @@ pub fn gather(cluster: &Cluster, value: String) -> Result<Vec<String>> {
     // is done (a peer that finished first closed its connections).
     let slot = Arc::new(Mutex::new(None));
     let put = slot.clone();
-    let guards = one.execute(move |worker| {
+    let guards = one.execute(None, move |worker| {
         let heard = Rc::new(RefCell::new(Vec::<(usize, String)>::new()));
         let mut input = InputHandle::new();
         let probe = ProbeHandle::new();

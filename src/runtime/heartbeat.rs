@@ -9,14 +9,18 @@
 //! [`SILENCE`] is a lost peer; a peer whose job finished says so ([`END`]) before it
 //! closes, and is not missed after that.
 //!
+//! The same connections carry a caller's [`Signals`]: a number sent to every peer of a
+//! running job, beside the dataflow (a serving cluster's trainer that waits on a rank no
+//! one reads tells the rank's process this way).
+//!
 //! Written by hand: one thread per peer reading with a timeout is all it takes, and no
 //! crate in the tree (tokio is not running in every process that joins a cluster) does
 //! it for plain sockets.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How often a process says it is alive.
@@ -39,6 +43,70 @@ pub(super) struct Pace {
 const BEAT: u8 = b'.';
 /// "My part of the job is over": silence from here on is not a failure.
 const END: u8 = b'$';
+/// A signal: its number follows, 8 bytes little-endian.
+const SIGNAL: u8 = b'!';
+
+/// The sending half of a peer's connection, shared by its watcher (beats), the job's
+/// end and [`Signals::send`], so that their frames do not interleave.
+type Writer = Arc<Mutex<TcpStream>>;
+
+fn write(to: &Writer, bytes: &[u8]) -> std::io::Result<()> {
+    to.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .write_all(bytes)
+}
+
+/// Numbers the processes of a running job send each other beside its dataflow, each
+/// heard by every other process's `on_signal(sender, number)` (on a heartbeat's thread).
+/// What a number means is the caller's. A signal sent while no job runs, or to a peer
+/// whose connection is gone, is lost: callers send again what still matters.
+#[derive(Clone)]
+pub struct Signals(Arc<SignalsInner>);
+
+struct SignalsInner {
+    /// The running job's peers' connections (none between jobs).
+    peers: Mutex<Vec<Writer>>,
+    on_signal: Box<dyn Fn(usize, u64) + Send + Sync>,
+}
+
+impl Signals {
+    /// Signals whose arrivals `on_signal` hears.
+    pub fn new(on_signal: impl Fn(usize, u64) + Send + Sync + 'static) -> Self {
+        Signals(Arc::new(SignalsInner {
+            peers: Mutex::default(),
+            on_signal: Box::new(on_signal),
+        }))
+    }
+
+    /// Sends `number` to every peer of the running job; returns how many it reached. A
+    /// socket write each, which may block while a peer's buffers are full (for at most
+    /// the heartbeat's silence): call it off async tasks.
+    pub fn send(&self, number: u64) -> usize {
+        let peers = self
+            .0
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut frame = [SIGNAL; 9];
+        frame[1..].copy_from_slice(&number.to_le_bytes());
+        peers.iter().filter(|p| write(p, &frame).is_ok()).count()
+    }
+
+    fn hear(&self, peer: usize, number: u64) {
+        (self.0.on_signal)(peer, number);
+    }
+
+    fn connect(&self, peers: &[Writer]) {
+        *self.0.peers.lock().unwrap_or_else(PoisonError::into_inner) = peers.to_vec();
+    }
+}
+
+impl std::fmt::Debug for Signals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Signals")
+    }
+}
 
 /// What a watcher calls when its peer is lost: `(peer, what was seen)`.
 pub(super) type OnLost = Arc<dyn Fn(usize, String) + Send + Sync>;
@@ -46,45 +114,62 @@ pub(super) type OnLost = Arc<dyn Fn(usize, String) + Send + Sync>;
 /// The heartbeats of one job with each of its peers. Dropped without [`Heartbeat::finish`]
 /// (the job failed), it stops beating, and the peers see the connections close.
 pub(super) struct Heartbeat {
-    peers: Vec<TcpStream>,
+    peers: Vec<Writer>,
     stop: Arc<AtomicBool>,
+    signals: Option<Signals>,
 }
 
 impl Heartbeat {
     /// Starts a thread per `(peer, connection)`, beating at `pace` and calling `lost` if
     /// the peer is silent for longer than `pace` allows, closes without saying it ended,
-    /// or its connection fails.
+    /// or its connection fails; `signals` then reach the peers, and theirs are heard.
     pub(super) fn start(
         peers: Vec<(usize, TcpStream)>,
         pace: Pace,
         lost: OnLost,
+        signals: Option<Signals>,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut kept = Vec::new();
         for (peer, stream) in peers {
             stream.set_read_timeout(Some(pace.interval))?;
             stream.set_write_timeout(Some(pace.silence))?;
-            kept.push(stream.try_clone()?);
-            let (stop, lost) = (stop.clone(), lost.clone());
+            let writer = Arc::new(Mutex::new(stream.try_clone()?));
+            kept.push(writer.clone());
+            let watcher = Watcher {
+                peer,
+                writer,
+                pace,
+                stop: stop.clone(),
+                signals: signals.clone(),
+            };
+            let lost = lost.clone();
             std::thread::Builder::new()
                 .name(format!("hydrant-heartbeat-{peer}"))
                 .spawn(move || {
-                    if let Err(seen) = watch(stream, pace, &stop)
-                        && !stop.load(Ordering::Acquire)
+                    if let Err(seen) = watcher.watch(stream)
+                        && !watcher.stop.load(Ordering::Acquire)
                     {
                         lost(peer, seen);
                     }
                 })?;
         }
-        Ok(Heartbeat { peers: kept, stop })
+        if let Some(s) = &signals {
+            s.connect(&kept);
+        }
+        Ok(Heartbeat {
+            peers: kept,
+            stop,
+            signals,
+        })
     }
 
     /// Tells every peer that this process's part of the job is over, before the process
     /// may exit (from this thread: a watcher may be asleep), and stops the watchers.
     pub(super) fn finish(self) {
         self.stop.store(true, Ordering::Release);
-        for mut peer in &self.peers {
-            let _ = peer.write_all(&[END]);
+        for peer in &self.peers {
+            let _ = write(peer, &[END]);
         }
     }
 }
@@ -92,54 +177,105 @@ impl Heartbeat {
 impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        if let Some(s) = &self.signals {
+            s.connect(&[]);
+        }
     }
 }
 
-/// Beats to the peer and listens to it until `stop` is set (`Ok`) or it is lost (`Err`,
-/// saying how). A peer that said it ended is not watched any longer.
-///
-/// Silence is counted only while this thread looks: after a gap of its own (this process
-/// was stopped, or its thread not run, for more than two intervals) the peer gets a full
-/// silence again, since whatever it sent meanwhile is still to be read and what it did
-/// not send is not its fault (a whole cluster suspended and resumed is not a loss).
-fn watch(mut stream: TcpStream, pace: Pace, stop: &AtomicBool) -> Result<(), String> {
-    let mut heard = false;
-    let mut since = Instant::now();
-    let mut looked = Instant::now();
-    let mut beaten: Option<Instant> = None;
-    let mut buf = [0u8; 64];
-    while !stop.load(Ordering::Acquire) {
-        if beaten.is_none_or(|t| t.elapsed() >= pace.interval) {
-            stream
-                .write_all(&[BEAT])
-                .map_err(|e| format!("its heartbeat connection failed: {e}"))?;
-            beaten = Some(Instant::now());
+/// One peer's watcher: beats to it and listens to it.
+struct Watcher {
+    peer: usize,
+    writer: Writer,
+    pace: Pace,
+    stop: Arc<AtomicBool>,
+    signals: Option<Signals>,
+}
+
+/// What a peer's bytes said so far.
+#[derive(Default)]
+struct Frames {
+    /// A signal's number and how many of its bytes were read, once its [`SIGNAL`] was.
+    number: Option<([u8; 8], usize)>,
+}
+
+impl Frames {
+    /// Reads `bytes`, handing each whole signal to `hear`; true once the peer said
+    /// [`END`]. Bytes that mean nothing are skipped.
+    fn read(&mut self, bytes: &[u8], mut hear: impl FnMut(u64)) -> bool {
+        for &b in bytes {
+            if let Some((number, got)) = &mut self.number {
+                number[*got] = b;
+                *got += 1;
+                if *got == number.len() {
+                    hear(u64::from_le_bytes(*number));
+                    self.number = None;
+                }
+                continue;
+            }
+            match b {
+                END => return true,
+                SIGNAL => self.number = Some(([0; 8], 0)),
+                _ => {}
+            }
         }
-        match stream.read(&mut buf) {
-            Ok(0) => return Err("its heartbeat connection closed".into()),
-            Ok(n) if buf[..n].contains(&END) => return Ok(()),
-            Ok(_) => {
-                heard = true;
+        false
+    }
+}
+
+impl Watcher {
+    /// Beats to the peer and listens to it until `stop` is set (`Ok`) or it is lost
+    /// (`Err`, saying how). A peer that said it ended is not watched any longer.
+    ///
+    /// Silence is counted only while this thread looks: after a gap of its own (this
+    /// process was stopped, or its thread not run, for more than two intervals) the peer
+    /// gets a full silence again, since whatever it sent meanwhile is still to be read and
+    /// what it did not send is not its fault (a whole cluster suspended and resumed is not
+    /// a loss).
+    fn watch(&self, mut stream: TcpStream) -> Result<(), String> {
+        let pace = self.pace;
+        let mut heard = false;
+        let mut since = Instant::now();
+        let mut looked = Instant::now();
+        let mut beaten: Option<Instant> = None;
+        let mut frames = Frames::default();
+        let mut buf = [0u8; 64];
+        while !self.stop.load(Ordering::Acquire) {
+            if beaten.is_none_or(|t| t.elapsed() >= pace.interval) {
+                write(&self.writer, &[BEAT])
+                    .map_err(|e| format!("its heartbeat connection failed: {e}"))?;
+                beaten = Some(Instant::now());
+            }
+            match stream.read(&mut buf) {
+                Ok(0) => return Err("its heartbeat connection closed".into()),
+                Ok(n) => {
+                    let signals = self.signals.as_ref();
+                    let hear = |number| signals.map_or((), |s| s.hear(self.peer, number));
+                    if frames.read(&buf[..n], hear) {
+                        return Ok(());
+                    }
+                    heard = true;
+                    since = Instant::now();
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("its heartbeat connection failed: {e}")),
+            }
+            // A read that took far longer than its timeout spanned a stop of this process.
+            if looked.elapsed() > 2 * pace.interval {
                 since = Instant::now();
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("its heartbeat connection failed: {e}")),
+            looked = Instant::now();
+            let allowed = if heard { pace.silence } else { pace.first };
+            if since.elapsed() >= allowed {
+                return Err(format!(
+                    "no word from it for {} s (stopped, hung or cut off)",
+                    allowed.as_secs()
+                ));
+            }
         }
-        // A read that took far longer than its timeout spanned a stop of this process.
-        if looked.elapsed() > 2 * pace.interval {
-            since = Instant::now();
-        }
-        looked = Instant::now();
-        let allowed = if heard { pace.silence } else { pace.first };
-        if since.elapsed() >= allowed {
-            return Err(format!(
-                "no word from it for {} s (stopped, hung or cut off)",
-                allowed.as_secs()
-            ));
-        }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -174,7 +310,10 @@ mod tests {
         let lost: OnLost = Arc::new(move |p, seen| {
             let _ = tx.lock().unwrap().send((p, seen));
         });
-        (Heartbeat::start(vec![(7, stream)], pace, lost).unwrap(), rx)
+        (
+            Heartbeat::start(vec![(7, stream)], pace, lost, None).unwrap(),
+            rx,
+        )
     }
 
     #[test]
@@ -245,5 +384,48 @@ mod tests {
             from_a.recv_timeout(wait),
             Err(RecvTimeoutError::Disconnected)
         );
+    }
+
+    #[test]
+    fn signals_reach_the_peer_whole_whatever_the_reads_cut() {
+        let mut frames = Frames::default();
+        let mut heard = Vec::new();
+        let mut bytes = vec![BEAT, b'x', SIGNAL];
+        bytes.extend(u64::MAX.to_le_bytes());
+        // A number whose bytes look like END and SIGNAL is still a number.
+        let tricky = u64::from_le_bytes([END, SIGNAL, BEAT, 0, 0, 0, 0, END]);
+        bytes.push(SIGNAL);
+        bytes.extend(tricky.to_le_bytes());
+        for piece in bytes.chunks(3) {
+            assert!(!frames.read(piece, |n| heard.push(n)));
+        }
+        assert_eq!(heard, [u64::MAX, tricky]);
+        assert!(frames.read(&[BEAT, END, SIGNAL], |n| heard.push(n)));
+
+        // Between two processes: each hears the other's, and no one its own.
+        let (a, b) = pair();
+        let heard = |tx: mpsc::Sender<(usize, u64)>| {
+            let tx = std::sync::Mutex::new(tx);
+            Signals::new(move |peer, n| {
+                let _ = tx.lock().unwrap().send((peer, n));
+            })
+        };
+        let (to_a, at_a) = mpsc::channel();
+        let (to_b, at_b) = mpsc::channel();
+        let (sa, sb) = (heard(to_a), heard(to_b));
+        let lost: OnLost = Arc::new(|_, _| {});
+        let ha = Heartbeat::start(vec![(1, a)], FAST, lost.clone(), Some(sa.clone())).unwrap();
+        let hb = Heartbeat::start(vec![(0, b)], FAST, lost, Some(sb.clone())).unwrap();
+        assert_eq!(sa.send(7), 1);
+        assert_eq!(sb.send(8), 1);
+        let wait = Duration::from_secs(5);
+        assert_eq!(at_b.recv_timeout(wait), Ok((0, 7)));
+        assert_eq!(at_a.recv_timeout(wait), Ok((1, 8)));
+        assert_eq!(at_a.try_recv(), Err(TryRecvError::Empty));
+        // Once the job is over, a signal reaches no one.
+        hb.finish();
+        drop(ha);
+        assert_eq!(sa.send(9), 0);
+        assert_eq!(sb.send(9), 0);
     }
 }

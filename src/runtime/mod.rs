@@ -14,4 +14,5 @@ mod stream;
 pub use cluster::{Cluster, JOIN_TIMEOUT, Started};
 pub use dataflow::{Channels, Job, OpenQueue, Output, RankQueue, Report, execute};
 pub use gather::gather;
+pub use heartbeat::Signals;
 pub use stream::{Delivering, PushedRows};

@@ -202,7 +202,7 @@ impl PushedRows {
                 };
                 // A failure is in `errors`, where the ranks' streams and the next push
                 // find it; the log says it once (a stream let go at a stop is not news).
-                if let Err(e) = supervise(&cluster, &errors, || {}, work)
+                if let Err(e) = supervise(&cluster, &errors, None, || {}, work)
                     && !stop.is_cancelled()
                 {
                     hydrant_operators::log_line!(

@@ -9,6 +9,9 @@
 //!   dataflow's first) catches up on a one-process run of its own, as with one process:
 //!   the input files are replayable and placement is a pure function, so any process can
 //!   make any rank's batches alone.
+//! - A trainer that waits on a rank no one reads lets it go here and tells the other
+//!   processes, which let go of theirs: the rank that holds the dataflow back may be
+//!   served anywhere (see [`let_unread_go`]).
 //! - A shared run that is forgotten (nobody read it for the idle timeout) stops taking
 //!   batches: the dataflow discards them rather than end, since every process shares its
 //!   fate.
@@ -23,18 +26,24 @@ use tokio::sync::watch;
 
 use super::ServedPipeline;
 use super::run::{Redact, Run, lock};
-use super::stream::Runs;
+use super::stream::{LetGo, Runs, let_unread_go};
 use crate::delivery::{Delivery, Ownership};
-use crate::runtime::{self, Cluster, Job, Output, RankQueue};
+use crate::runtime::{self, Cluster, Job, Output, RankQueue, Signals};
 
 impl ServedPipeline {
     /// Serves this process's ranks of `cluster` (process ⌊r·P/W⌋ owns rank r), whose
     /// processes serve Flight at `locations` (by process, `grpc://HOST:PORT`): starts the
     /// dataflow that spans every process and delivers all epochs, and tells each rank's
-    /// location in `GetFlightInfo`. Call it last: the runs it makes keep what the
-    /// pipeline was set to then. A trainer that asks this process for another's rank
-    /// is told where it is served.
+    /// location in `GetFlightInfo`. Call it last, inside the tokio runtime that serves
+    /// (the ranks let go at another process's word are drained there): the runs it makes
+    /// keep what the pipeline was set to then. A trainer that asks this process for
+    /// another's rank is told where it is served.
     pub fn on_cluster(mut self, cluster: Cluster, locations: Vec<String>) -> crate::Result<Self> {
+        let Ok(serving) = tokio::runtime::Handle::try_current() else {
+            return Err(crate::Error::Usage(
+                "a serving cluster is set up inside the tokio runtime that serves it".into(),
+            ));
+        };
         let Some(inputs) = self.inputs.clone() else {
             return Err(crate::Error::Usage(format!(
                 "pipeline `{}` takes pushed or followed input, which one process serves \
@@ -81,6 +90,15 @@ impl ServedPipeline {
             open.open(epoch, rank)
         })));
         job.featurized = self.featurized.clone();
+        // A peer's trainer waits on `epoch`: the ranks of it (or before) no one reads here
+        // may be what holds it.
+        let (runs, after) = (Arc::downgrade(&self.runs), self.absent_after);
+        let signals = Signals::new(move |peer, epoch| {
+            let _inside = serving.enter();
+            let waiter = format!("a trainer on process {peer} waited");
+            let_unread_go(&runs, epoch, &waiter, &LetGo { after, peers: None });
+        });
+        job.signals = Some(signals.clone());
         let (tell, failed) = tokio::sync::watch::channel(None);
         let process = cluster.process;
         std::thread::Builder::new()
@@ -101,6 +119,7 @@ impl ServedPipeline {
             ownership,
             feed,
             failed,
+            signals,
         });
         Ok(self)
     }
@@ -132,6 +151,8 @@ pub(super) struct Serving {
     pub feed: Arc<Feed>,
     /// Why the cluster's dataflow failed, once it has.
     pub failed: watch::Receiver<Option<String>>,
+    /// Tells the other processes which epoch a trainer here waits on.
+    pub signals: Signals,
 }
 
 impl Serving {

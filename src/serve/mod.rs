@@ -47,7 +47,7 @@ use push::{Ingest, Pushed};
 use run::{Run, lock};
 use spool::Spool;
 pub use spool::{COMMIT_FILE, SEGMENT_BYTES};
-use stream::{ABSENT_AFTER, Consumer, Runs};
+use stream::{ABSENT_AFTER, Consumer, LetGo, Runs};
 
 /// Rows per batch read from a followed folder's files, at most.
 const FOLLOW_READ_ROWS: usize = 16_384;
@@ -440,7 +440,10 @@ impl ServedPipeline {
             start_step,
             attached,
             self.ingest.as_ref().map(|i| i.fresh.clone()),
-            self.absent_after,
+            LetGo {
+                after: self.absent_after,
+                peers: self.cluster.as_ref().map(|c| c.signals.clone()),
+            },
         ))
     }
 }

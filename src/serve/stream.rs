@@ -12,15 +12,69 @@ use hydrant_flight::{BatchMeta, RankStream, ServeError, batch_bytes};
 use super::fresh::Freshness;
 use super::run::{Attached, Run, lock};
 use crate::delivery::RankBatch;
+use crate::runtime::Signals;
 
 /// How long a trainer's stream waits for its next batch, by default (`--absent-after`),
-/// before the ranks no one reads are let go ([`Consumer::let_unread_ranks_go`]): long
+/// before the ranks no one reads are let go ([`let_unread_go`]): long
 /// enough for trainers that start a little apart, short enough that reading one rank alone
 /// is not a hang.
 pub(super) const ABSENT_AFTER: Duration = Duration::from_secs(3);
 
 /// The runs a pipeline keeps; a consumer that takes a run's last batch removes it.
 pub(super) type Runs = Mutex<Vec<Arc<Run>>>;
+
+/// When a waiting stream lets go of the ranks no one reads, and whom else it tells.
+#[derive(Clone)]
+pub(super) struct LetGo {
+    /// How long it waits for a batch first (and between looks).
+    pub after: Duration,
+    /// The other processes of a serving cluster, told the epoch it waits on: the rank
+    /// that holds it back may be theirs.
+    pub peers: Option<Signals>,
+}
+
+/// Drains the ranks that no stream reads of every shared run of file input in `runs` of
+/// `epoch` or before, since a trainer (`waiter`, for the log) waits for its next step of
+/// `epoch` and may be waiting on a rank whose queue is full because no one reads it (one
+/// rank read alone, a trainer that has not come, or one that went away). Runs of earlier
+/// epochs too: the rank holding the dataflow back may be a step behind, in an epoch the
+/// waiting trainer has finished. Only file input: a rank that comes later catches up on
+/// a run of its own, which pushed rows cannot.
+pub(super) fn let_unread_go(runs: &Weak<Runs>, epoch: u64, waiter: &str, let_go: &LetGo) {
+    let Some(all) = runs.upgrade() else {
+        return;
+    };
+    let shared: Vec<Arc<Run>> = lock(&all)
+        .iter()
+        .filter(|r| r.only.is_none() && r.steps.is_some() && r.epoch <= epoch)
+        .cloned()
+        .collect();
+    for run in shared {
+        for rank in 0..run.ranks() {
+            if let Some(attached) = run.drain_if_unread(rank) {
+                hydrant_operators::log_line!(
+                    "hydrant: rank {rank} of epoch {} has had no reader while {waiter}: its \
+                     batches are let go (it catches up on a run of its own when it is read)",
+                    run.epoch
+                );
+                let drain = LetGo {
+                    peers: None,
+                    ..let_go.clone()
+                };
+                Consumer::new(
+                    run.clone(),
+                    runs.clone(),
+                    rank,
+                    u64::MAX,
+                    attached,
+                    None,
+                    drain,
+                )
+                .drain();
+            }
+        }
+    }
+}
 
 pub(super) struct Consumer {
     run: Arc<Run>,
@@ -36,8 +90,8 @@ pub(super) struct Consumer {
     next: u64,
     /// A stream's freshness, told of each delivered batch.
     fresh: Option<Arc<Freshness>>,
-    /// How long it waits for a batch before the ranks no one reads are let go.
-    absent_after: Duration,
+    /// When, while it waits for a batch, the ranks no one reads are let go.
+    let_go: LetGo,
 }
 
 impl Consumer {
@@ -48,7 +102,7 @@ impl Consumer {
         start_step: u64,
         attached: Attached,
         fresh: Option<Arc<Freshness>>,
-        absent_after: Duration,
+        let_go: LetGo,
     ) -> Self {
         Consumer {
             run,
@@ -60,7 +114,7 @@ impl Consumer {
             ended: false,
             next: start_step,
             fresh,
-            absent_after,
+            let_go,
         }
     }
 
@@ -82,26 +136,22 @@ impl Consumer {
         });
     }
 
-    /// Drains the ranks of this run that no stream reads: a trainer that has waited
-    /// its `absent_after` may be waiting on a rank whose queue is full because no one reads
-    /// it (one rank read alone, a trainer that has not come, or one that went away). Only
-    /// file input's runs: a rank that comes later catches up on a run of its own, which
-    /// pushed rows cannot.
+    /// Lets go of the ranks no one reads that may hold this stream's shared run back,
+    /// here and, on a serving cluster, on the other processes (off this task: a socket
+    /// write each).
     fn let_unread_ranks_go(&self) {
-        for rank in (0..self.run.ranks()).filter(|&r| r != self.rank) {
-            if let Some(attached) = self.run.drain_if_unread(rank) {
-                hydrant_operators::log_line!(
-                    "hydrant: rank {rank} of epoch {} has had no reader while rank {} waited \
-                     {} s: its batches are let go (it catches up on a run of its own when \
-                     it is read)",
-                    self.run.epoch,
-                    self.rank,
-                    self.absent_after.as_secs()
-                );
-                let runs = self.runs.clone();
-                let (run, absent) = (self.run.clone(), self.absent_after);
-                Consumer::new(run, runs, rank, u64::MAX, attached, None, absent).drain();
-            }
+        if self.run.only.is_some() {
+            return;
+        }
+        let epoch = self.run.epoch;
+        let waiter = format!(
+            "rank {} waited {} s",
+            self.rank,
+            self.let_go.after.as_secs()
+        );
+        let_unread_go(&self.runs, epoch, &waiter, &self.let_go);
+        if let Some(peers) = self.let_go.peers.clone() {
+            drop(tokio::task::spawn_blocking(move || peers.send(epoch)));
         }
     }
 
@@ -155,7 +205,7 @@ impl Consumer {
                     got = queue.recv() => break got,
                     // Looked at again every `absent_after` while this stream waits: a rank
                     // whose trainer goes away later (killed mid-epoch) is let go then.
-                    _ = tokio::time::sleep(self.absent_after), if absent => {
+                    _ = tokio::time::sleep(self.let_go.after), if absent => {
                         self.let_unread_ranks_go();
                     }
                 }

@@ -9,7 +9,7 @@ use hydrant_flight::RankStream;
 use tokio::sync::mpsc::Sender;
 
 use super::run::Run;
-use super::stream::{ABSENT_AFTER, Consumer};
+use super::stream::{ABSENT_AFTER, Consumer, LetGo, Runs, let_unread_go};
 use crate::delivery::{RankBatch, StepMeta};
 
 fn step(step: u64) -> RankBatch {
@@ -45,7 +45,10 @@ fn consumer(run: &Arc<Run>, start_step: u64) -> RankStream {
         start_step,
         attached,
         None,
-        ABSENT_AFTER,
+        LetGo {
+            after: ABSENT_AFTER,
+            peers: None,
+        },
     )
     .into_stream()
 }
@@ -141,7 +144,10 @@ async fn a_drain_keeps_the_queue_moving_and_hands_over_to_a_reader() {
         u64::MAX,
         attached,
         None,
-        ABSENT_AFTER,
+        LetGo {
+            after: ABSENT_AFTER,
+            peers: None,
+        },
     )
     .drain();
     for s in 0..4 {
@@ -157,4 +163,52 @@ async fn a_drain_keeps_the_queue_moving_and_hands_over_to_a_reader() {
     feed(tx, &(4..8).collect::<Vec<_>>());
     let got = steps_of(reader).await;
     assert_eq!(got, (0..8).map(Ok).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_waiting_reader_lets_go_of_unread_ranks_of_its_epoch_and_before() {
+    let shared = |epoch, only| {
+        Run::new(
+            epoch,
+            0,
+            only,
+            0..2,
+            Some(8),
+            super::REPLAY_BYTES,
+            Arc::from([]),
+        )
+    };
+    let ((feeds0, r0), (feeds1, r1), (_, r2)) = (shared(0, None), shared(1, None), shared(2, None));
+    let (_, catching_up) = shared(0, Some(1));
+    let runs: Arc<Runs> = Arc::new(std::sync::Mutex::new(vec![
+        r0.clone(),
+        r1.clone(),
+        r2.clone(),
+        catching_up.clone(),
+    ]));
+    // Rank 0 of epoch 1 has a reader; it waits.
+    let reader = r1.attach(0, 0, true).unwrap();
+    let let_go = LetGo {
+        after: ABSENT_AFTER,
+        peers: None,
+    };
+    let_unread_go(&Arc::downgrade(&runs), 1, "a test waited", &let_go);
+
+    // Let go: both ranks of epoch 0 and rank 1 of epoch 1; their bounded queues take a
+    // whole epoch.
+    for (feeds, rank) in [(&feeds0, 0), (&feeds0, 1), (&feeds1, 1)] {
+        let tx = feeds[rank].clone().unwrap();
+        let all = async {
+            for s in 0..8 {
+                tx.send(step(s)).await.unwrap();
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), all)
+            .await
+            .expect("a rank let go takes its whole epoch");
+    }
+    // Kept: the rank read, a later epoch's ranks, and a rank catching up on its own run.
+    assert_eq!(r1.slot(0).generation, reader.generation);
+    assert!(r2.drain_if_unread(0).is_some() && r2.drain_if_unread(1).is_some());
+    assert!(catching_up.drain_if_unread(1).is_some());
 }

@@ -193,8 +193,16 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     .with_replay_bytes(args.replay_mib << 20)
     .with_idle_timeout(Duration::from_secs(args.idle_timeout))
     .with_absent_after(Duration::from_secs(args.absent_after));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start the server runtime: {e}")))?;
     let served = match on_cluster {
-        Some((cluster, locations)) => served.on_cluster(cluster, locations)?,
+        Some((cluster, locations)) => {
+            let _inside = runtime.enter();
+            served.on_cluster(cluster, locations)?
+        }
         None => served.warmed()?,
     };
     let served = match (&args.follow, &args.state_dir) {
@@ -235,11 +243,6 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             .with_tls(&read("--tls-cert", cert)?, &read("--tls-key", key)?)
             .map_err(|e| Error::Usage(format!("--tls-cert/--tls-key: {e}")))?;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Usage(format!("cannot start the server runtime: {e}")))?;
     let metrics_listen = args.metrics_listen;
     let outcome = runtime.block_on(async move {
         if let Some(m) = metrics_listen {
