@@ -79,5 +79,5 @@ pub use pipeline::{
     useful_workers,
 };
 pub use remote::{Remote, RemoteRank};
-pub use runtime::Cluster;
+pub use runtime::{Cluster, ClusterSecret};
 pub use spec::{DEFAULT_BATCH_ROWS, InputKind, PipelineSpec, StatsMode, StatsSpec};

@@ -342,6 +342,64 @@ fn processes_started_differently_refuse_to_run() {
     }
 }
 
+/// A cluster's secret (`--cluster-secret-file`): processes that hold the same one run; a
+/// process started with another (or with none) is told at the join, with one line and
+/// without waiting out the join's minute; a secret too short is refused before anything.
+#[test]
+fn a_cluster_secret_admits_only_its_holders() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    let secret = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let ours = secret("ours", "0123456789abcdef0123456789abcdef\n");
+    let theirs = secret("theirs", "fedcba9876543210fedcba9876543210");
+    let short = secret("short", "tiny\n");
+    let base = null_args(&io, &toml, &["--ranks", "2", "--batch-size", "10"]);
+    let with = |file: &str| {
+        let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        if !file.is_empty() {
+            args.extend(["--cluster-secret-file".to_string(), file.to_string()]);
+        }
+        args
+    };
+
+    for c in spawn_cluster_with(dir.path(), 2, 1, |_| with(&ours)) {
+        let out = c.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+    }
+
+    for other in [theirs.as_str(), ""] {
+        let mut cluster = spawn_cluster_with(dir.path(), 2, 1, |p| {
+            with(if p == 0 { &ours } else { other })
+        });
+        let started = Instant::now();
+        let dialer = cluster.pop().unwrap();
+        let out = dialer.wait_with_output().unwrap();
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        let _ = cluster[0].kill();
+        assert!(!out.status.success(), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains("process 0"), "{stderr}");
+        assert!(
+            stderr.contains("did not prove the cluster's secret"),
+            "{stderr}"
+        );
+        assert!(took < Duration::from_secs(20), "told after {took:?}");
+    }
+
+    let mut args = base.clone();
+    args.extend(["--processes", "2", "--cluster-secret-file", &short]);
+    let err = hydrant_err(&args);
+    assert!(err.contains("at least 16"), "{err}");
+    assert!(!err.contains("tiny"), "the secret is not printed: {err}");
+}
+
 /// Fitting deals each statistic to one worker to merge and finish, and hands every worker
 /// the finished parameters: the state written is the same, byte for byte, on any layout,
 /// for every kind of fitted step, over two passes (a step fitted after another).

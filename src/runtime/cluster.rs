@@ -2,7 +2,6 @@
 //! timely cluster — joined here rather than by timely's own start-up, which polls for
 //! peers once a second and waits for a missing one forever.
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -13,6 +12,9 @@ use timely::communication::allocator::{AllocatorBuilder, ProcessBuilder};
 use timely::communication::{Hooks, WorkerGuards};
 use timely::worker::Worker;
 
+use super::handshake::{
+    self, ClusterSecret, Greeted, Greeting, HELLO, HELLO_BEAT, NotJoined, UNPROVED,
+};
 use super::heartbeat::{self, Heartbeat, Signals};
 use crate::error::{Error, Result};
 
@@ -21,15 +23,6 @@ pub const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How often a process looks for peers while they join.
 const JOIN_POLL: Duration = Duration::from_millis(10);
-
-/// How long an accepted connection has to greet (peers greet as soon as they connect).
-const GREETING_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The first bytes each connection sends, so that a stray client cannot pose as a peer:
-/// [`HELLO`] opens the connection timely's network uses, [`HELLO_BEAT`] the one the
-/// peers' heartbeats use (`heartbeat.rs`).
-const HELLO: &[u8; 8] = b"hydrant1";
-const HELLO_BEAT: &[u8; 8] = b"hydrantB";
 
 /// Where the dataflow runs: threads in this process, and optionally several processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +35,10 @@ pub struct Cluster {
     pub process: usize,
     /// `host:port` per line, one per process (default: localhost from port 2101).
     pub hostfile: Option<PathBuf>,
+    /// The secret the processes prove to each other that they hold when they join
+    /// (`--cluster-secret-file`); without one, anyone who reaches a cluster port can pose
+    /// as a peer.
+    pub secret: Option<ClusterSecret>,
 }
 
 impl Cluster {
@@ -52,6 +49,7 @@ impl Cluster {
             processes: 1,
             process: 0,
             hostfile: None,
+            secret: None,
         }
     }
 
@@ -115,7 +113,8 @@ impl Cluster {
                 heartbeat: None,
             });
         }
-        let (sockets, beats) = join(&self.addresses()?, self.process, JOIN_TIMEOUT)?;
+        let key = handshake::key(self.secret.as_ref());
+        let (sockets, beats) = join(&self.addresses()?, self.process, JOIN_TIMEOUT, &key)?;
         let lost: heartbeat::OnLost = std::sync::Arc::new(super::fate::lose_peer);
         let pace = heartbeat::Pace {
             interval: heartbeat::INTERVAL,
@@ -188,17 +187,17 @@ type Sockets = Vec<Option<TcpStream>>;
 
 /// Connects process `me` to every other, twice (timely's connection and the heartbeats'):
 /// it dials the processes before it and accepts the ones after it, each connection
-/// opened with [`HELLO`] or [`HELLO_BEAT`] and the dialer's index. Returns timely's
-/// sockets, and `(process, heartbeat connection)` per peer.
+/// greeted with its purpose and the dialer's index, and both sides proving they hold the
+/// secret `key` was made from (`handshake.rs`). Returns timely's sockets, and
+/// `(process, heartbeat connection)` per peer.
 ///
 /// Greetings are read as they come, all at once: a connection that says nothing (a port
-/// scanner, a stranger) is dropped after [`GREETING_TIMEOUT`] without holding up the
-/// others. Nothing authenticates a peer, though: a cluster's ports belong on a network
-/// only its processes reach.
+/// scanner, a stranger) is dropped after a second without holding up the others.
 fn join(
     addresses: &[String],
     me: usize,
     timeout: Duration,
+    key: &ring::hmac::Key,
 ) -> Result<(Sockets, Vec<(usize, TcpStream)>)> {
     let n = addresses.len();
     let listener = TcpListener::bind(&addresses[me])
@@ -206,15 +205,26 @@ fn join(
         .map_err(|e| Error::Usage(format!("cannot listen on {}: {e}", addresses[me])))?;
     let mut sockets: Sockets = (0..n).map(|_| None).collect();
     let mut beats: Sockets = (0..n).map(|_| None).collect();
+    // Process p > me whose place a connection that did not prove the secret claimed.
+    let mut unproved = vec![false; n];
     let mut greeting: Vec<Greeting> = Vec::new();
     let deadline = Instant::now() + timeout;
     loop {
         for p in 0..me {
-            if sockets[p].is_none() {
-                sockets[p] = dial(&addresses[p], HELLO, me);
-            }
-            if beats[p].is_none() {
-                beats[p] = dial(&addresses[p], HELLO_BEAT, me);
+            for (slot, hello) in [(&mut sockets[p], HELLO), (&mut beats[p], HELLO_BEAT)] {
+                if slot.is_some() {
+                    continue;
+                }
+                match handshake::dial(&addresses[p], hello, (me, p), key) {
+                    Ok(stream) => *slot = Some(stream),
+                    Err(NotJoined::NotYet) => {}
+                    Err(NotJoined::Refused(why)) => {
+                        return Err(Error::Usage(format!(
+                            "process {me}: process {p} ({}) is not of this cluster: {why}",
+                            addresses[p]
+                        )));
+                    }
+                }
             }
         }
         while let Ok((stream, _)) = listener.accept() {
@@ -223,11 +233,12 @@ fn join(
             }
         }
         for g in std::mem::take(&mut greeting) {
-            match g.poll() {
+            match g.poll(me, key) {
                 Greeted::Pending(g) => greeting.push(g),
                 Greeted::Peer(HELLO, p, stream) if p > me && p < n => sockets[p] = Some(stream),
                 Greeted::Peer(_, p, stream) if p > me && p < n => beats[p] = Some(stream),
-                Greeted::Peer(..) | Greeted::Stranger => {}
+                Greeted::Unproved(p) if p < n => unproved[p] = true,
+                Greeted::Peer(..) | Greeted::Unproved(_) | Greeted::Stranger => {}
             }
         }
         let missing: Vec<usize> = (0..n)
@@ -244,7 +255,10 @@ fn join(
         if Instant::now() >= deadline {
             let who: Vec<String> = missing
                 .iter()
-                .map(|&p| format!("{p} ({})", addresses[p]))
+                .map(|&p| match unproved[p] {
+                    true => format!("{p} ({}; a connection as it: {})", addresses[p], UNPROVED),
+                    false => format!("{p} ({})", addresses[p]),
+                })
                 .collect();
             return Err(Error::Dataflow(format!(
                 "process {me}: process(es) {} did not join the cluster within {} s",
@@ -256,81 +270,10 @@ fn join(
     }
 }
 
-/// A connection to `address` that has said what it is for and who it is from, or `None`
-/// if it cannot be made yet.
-fn dial(address: &str, hello: &[u8; 8], me: usize) -> Option<TcpStream> {
-    let mut stream = TcpStream::connect(address).ok()?;
-    stream.set_nodelay(true).ok()?;
-    let mut hello = hello.to_vec();
-    hello.extend_from_slice(&(me as u64).to_le_bytes());
-    stream.write_all(&hello).ok()?;
-    Some(stream)
-}
-
-/// An accepted connection whose greeting is being read (without blocking).
-struct Greeting {
-    stream: TcpStream,
-    got: Vec<u8>,
-    since: Instant,
-}
-
-/// What a greeting came to.
-enum Greeted {
-    /// Not all of it yet.
-    Pending(Greeting),
-    /// A peer: what the connection is for ([`HELLO`] or [`HELLO_BEAT`]) and the index it
-    /// says it comes from (checked by the caller).
-    Peer(&'static [u8; 8], usize, TcpStream),
-    /// Anything else: closed, silent past [`GREETING_TIMEOUT`], or not a greeting.
-    Stranger,
-}
-
-impl Greeting {
-    fn new(stream: TcpStream) -> Self {
-        Greeting {
-            stream,
-            got: Vec::with_capacity(16),
-            since: Instant::now(),
-        }
-    }
-
-    /// Reads what has arrived of the 16-byte greeting.
-    fn poll(mut self) -> Greeted {
-        let mut buf = [0u8; 16];
-        let want = 16 - self.got.len();
-        match (&self.stream).read(&mut buf[..want]) {
-            Ok(0) => return Greeted::Stranger,
-            Ok(k) => self.got.extend_from_slice(&buf[..k]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return Greeted::Stranger,
-        }
-        if self.got.len() < 16 {
-            return if self.since.elapsed() < GREETING_TIMEOUT {
-                Greeted::Pending(self)
-            } else {
-                Greeted::Stranger
-            };
-        }
-        let Some(kind) = [HELLO, HELLO_BEAT]
-            .into_iter()
-            .find(|k| &self.got[..8] == k.as_slice())
-        else {
-            return Greeted::Stranger;
-        };
-        let index = u64::from_le_bytes(self.got[8..].try_into().unwrap_or_default()) as usize;
-        let ready =
-            self.stream.set_nonblocking(false).is_ok() && self.stream.set_nodelay(true).is_ok();
-        if ready {
-            Greeted::Peer(kind, index, self.stream)
-        } else {
-            Greeted::Stranger
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+
     use super::*;
 
     /// A free loopback port below Linux's default ephemeral range (32768-60999): one the
@@ -352,7 +295,7 @@ mod tests {
         let addresses: Vec<String> = (0..3).map(|_| free()).collect();
         let start = |me: usize| {
             let a = addresses.clone();
-            std::thread::spawn(move || join(&a, me, Duration::from_secs(30)))
+            std::thread::spawn(move || join(&a, me, Duration::from_secs(30), &handshake::key(None)))
         };
         // Process 0 listens first, and strangers reach it before its peers do: twelve
         // that say nothing (their greetings are read together, not one after the other
@@ -389,10 +332,56 @@ mod tests {
     #[test]
     fn a_missing_peer_is_named_after_the_timeout() {
         let addresses = vec![free(), free()];
-        let err = join(&addresses, 1, Duration::from_millis(300))
-            .unwrap_err()
-            .to_string();
+        let err = join(
+            &addresses,
+            1,
+            Duration::from_millis(300),
+            &handshake::key(None),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("process(es) 0"), "{err}");
         assert!(err.contains(&addresses[0]), "{err}");
+    }
+
+    #[test]
+    fn only_holders_of_the_secret_join() {
+        let secret = |s: &str| Some(ClusterSecret::new(s.as_bytes()).unwrap());
+        let ours = handshake::key(secret("a secret of this cluster").as_ref());
+        let addresses = vec![free(), free()];
+        let a = addresses.clone();
+        let key = ours.clone();
+        let first = std::thread::spawn(move || join(&a, 0, Duration::from_secs(30), &key));
+
+        // Before process 1 comes, an impostor greets process 0 as process 1, with another
+        // secret and with none: refused, and each learns its answer proves nothing to it.
+        let wait = Duration::from_millis(500);
+        for theirs in [secret("another cluster's secret"), None] {
+            let key = handshake::key(theirs.as_ref());
+            let err = join(&addresses[..], 1, wait, &key).unwrap_err().to_string();
+            assert!(err.contains("is not of this cluster"), "{err}");
+            assert!(err.contains("did not prove the cluster's secret"), "{err}");
+        }
+        // A stranger that copies a real greeting cannot finish it without the secret.
+        let mut stranger = TcpStream::connect(&addresses[0]).unwrap();
+        let mut greeting = HELLO.to_vec();
+        greeting.extend_from_slice(&1u64.to_le_bytes());
+        greeting.extend_from_slice(&[7; 16]);
+        stranger.write_all(&greeting).unwrap();
+        let mut answer = [0u8; 48];
+        stranger.read_exact(&mut answer).unwrap();
+        stranger.write_all(&answer[16..]).unwrap();
+        // Dropped (closed) while process 0 still waits, not kept as process 1.
+        stranger
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let closed = stranger.read(&mut answer);
+        assert!(matches!(closed, Ok(0)), "{closed:?}");
+
+        // Process 1 with the secret joins.
+        let (sockets, beats) = join(&addresses, 1, Duration::from_secs(30), &ours).unwrap();
+        assert!(sockets[0].is_some() && beats.len() == 1);
+        let (sockets, beats) = first.join().unwrap().unwrap();
+        assert!(sockets[1].is_some() && beats.len() == 1);
     }
 }

@@ -139,6 +139,7 @@ mod tests {
                     processes: 3,
                     process: p,
                     hostfile: Some(hosts.clone()),
+                    secret: None,
                 };
                 std::thread::spawn(move || gather(&cluster, format!("process {p}")))
             })

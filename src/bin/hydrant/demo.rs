@@ -36,6 +36,7 @@ pub fn demo(rows: u64, dir: &Path, step_ms: f64) -> Result<()> {
             processes: 1,
             process: 0,
             hostfile: None,
+            cluster_secret_file: None,
         },
         state: None,
         sink,

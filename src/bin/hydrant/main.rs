@@ -13,7 +13,7 @@ use hydrant::demo::{TrainConfig, TrainReport};
 use hydrant::loader::{Backend, LoaderConfig};
 use hydrant::runtime::{self, Output};
 use hydrant::sink::SinkSpec;
-use hydrant::{Cluster, Pipeline, RunOptions};
+use hydrant::{Cluster, ClusterSecret, Pipeline, RunOptions};
 use hydrant::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -115,6 +115,11 @@ struct Common {
     /// host:port per line, one per process.
     #[arg(long)]
     hostfile: Option<PathBuf>,
+    /// A file holding the cluster's shared secret (at least 16 bytes; for example
+    /// `openssl rand -hex 32`), the same for every process: the processes prove they hold
+    /// it when they join, so that no one else on the network can pose as a peer.
+    #[arg(long)]
+    cluster_secret_file: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -325,6 +330,11 @@ fn prepare(
         processes: common.processes,
         process: common.process,
         hostfile: common.hostfile.clone(),
+        secret: common
+            .cluster_secret_file
+            .as_deref()
+            .map(ClusterSecret::from_file)
+            .transpose()?,
     };
     let options = match delivery {
         Some(d) => d.options(cluster)?,
