@@ -256,7 +256,7 @@ fn join(
             let who: Vec<String> = missing
                 .iter()
                 .map(|&p| match unproved[p] {
-                    true => format!("{p} ({}; a connection as it: {})", addresses[p], UNPROVED),
+                    true => format!("{p} ({}: {UNPROVED})", addresses[p]),
                     false => format!("{p} ({})", addresses[p]),
                 })
                 .collect();
@@ -311,7 +311,8 @@ mod tests {
         let mut half = connect();
         half.write_all(&HELLO[..5]).unwrap();
         let mut rude = connect();
-        rude.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        rude.write_all(b"GET / HTTP/1.1\r\nHost: hydrant\r\nAccept: */*\r\n\r\n")
+            .unwrap();
         std::thread::sleep(Duration::from_millis(100));
         let started = Instant::now();
         let joined = [first, start(1), start(2)];
@@ -355,7 +356,7 @@ mod tests {
 
         // Before process 1 comes, an impostor greets process 0 as process 1, with another
         // secret and with none: refused, and each learns its answer proves nothing to it.
-        let wait = Duration::from_millis(500);
+        let wait = Duration::from_secs(2);
         for theirs in [secret("another cluster's secret"), None] {
             let key = handshake::key(theirs.as_ref());
             let err = join(&addresses[..], 1, wait, &key).unwrap_err().to_string();
@@ -368,13 +369,13 @@ mod tests {
         greeting.extend_from_slice(&1u64.to_le_bytes());
         greeting.extend_from_slice(&[7; 16]);
         stranger.write_all(&greeting).unwrap();
-        let mut answer = [0u8; 48];
-        stranger.read_exact(&mut answer).unwrap();
-        stranger.write_all(&answer[16..]).unwrap();
-        // Dropped (closed) while process 0 still waits, not kept as process 1.
         stranger
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
+        let mut answer = [0u8; 64];
+        stranger.read_exact(&mut answer).unwrap();
+        stranger.write_all(&answer[32..]).unwrap();
+        // Dropped (closed) while process 0 still waits, not welcomed as process 1.
         let closed = stranger.read(&mut answer);
         assert!(matches!(closed, Ok(0)), "{closed:?}");
 
@@ -383,5 +384,31 @@ mod tests {
         assert!(sockets[0].is_some() && beats.len() == 1);
         let (sockets, beats) = first.join().unwrap().unwrap();
         assert!(sockets[1].is_some() && beats.len() == 1);
+    }
+
+    #[test]
+    fn a_process_with_another_secret_is_named_by_both() {
+        let addresses = vec![free(), free()];
+        let a = addresses.clone();
+        let ours = handshake::key(Some(&ClusterSecret::new(b"0123456789abcdef").unwrap()));
+        let first = std::thread::spawn(move || join(&a, 0, Duration::from_millis(1500), &ours));
+        let dialer = join(
+            &addresses,
+            1,
+            Duration::from_secs(30),
+            &handshake::key(None),
+        );
+        let dialer = dialer.unwrap_err().to_string();
+        assert!(dialer.contains("process 0"), "{dialer}");
+        assert!(
+            dialer.contains("did not prove the cluster's secret"),
+            "{dialer}"
+        );
+        let dialed = first.join().unwrap().unwrap_err().to_string();
+        assert!(dialed.contains("process(es) 1"), "{dialed}");
+        assert!(
+            dialed.contains("did not prove the cluster's secret"),
+            "{dialed}"
+        );
     }
 }

@@ -2,10 +2,12 @@
 //! they hold the cluster's secret.
 //!
 //! The dialer sends what the connection is for ([`HELLO`] or [`HELLO_BEAT`]), its index
-//! and a fresh nonce; the acceptor answers with a nonce of its own and an HMAC-SHA256 tag
-//! over both nonces, both indexes and the connection's purpose; the dialer checks it and
-//! answers with its own tag over the same. Each side thus shows it holds the secret
-//! without sending it, and no answer can be replayed on another connection. Without a
+//! and a fresh nonce; the acceptor answers with the same purpose, its own index, a nonce
+//! of its own and an HMAC-SHA256 tag over both nonces, both indexes and the purpose; the
+//! dialer checks it and answers with its own tag over the same (or with a refusal, so
+//! that the acceptor can name it too); the acceptor checks that and welcomes it with one
+//! byte. Each side thus shows it holds the secret without sending it, and no answer can
+//! be replayed on another connection. Without a
 //! secret the tags are keyed with nothing: the exchange is the same, and proves only that
 //! both sides run this protocol. It authenticates the joining, not the bytes that follow:
 //! a cluster's ports still belong on a network that only its processes reach.
@@ -15,7 +17,7 @@
 //! the others.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,20 +34,25 @@ pub(super) const HELLO_BEAT: &[u8; 8] = b"hydrantC";
 
 /// How long an accepted connection has to greet and prove itself (peers do at once).
 const GREETING_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long a dialer waits for the acceptor's answer.
+/// How long a dialer waits to connect, and then for each answer.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What is said of a peer whose answer or proof was wrong.
-pub(super) const UNPROVED: &str = "it did not prove the cluster's secret (started with \
-     another --cluster-secret-file, or none where another process has one, or the other \
-     way round)";
+pub(super) const UNPROVED: &str = "it did not prove the cluster's secret: it was started \
+     with another --cluster-secret-file, or with none where this process has one, or the \
+     other way round";
 
 const NONCE: usize = 16;
 const TAG: usize = 32;
 /// Purpose, dialer's index, dialer's nonce.
 const GREETING: usize = 8 + 8 + NONCE;
-/// Acceptor's nonce and tag.
-const ANSWER: usize = NONCE + TAG;
+/// Purpose, acceptor's index, acceptor's nonce and tag.
+const ANSWER: usize = 8 + 8 + NONCE + TAG;
+/// What a dialer sends instead of its tag when the answer did not prove the secret.
+const REFUSAL: [u8; TAG] = [0; TAG];
+/// The acceptor's last word: the dialer's proof holds, the connection is the peer's.
+const WELCOME: u8 = b'+';
 
 /// The fewest bytes a cluster secret may have.
 const SHORTEST_SECRET: usize = 16;
@@ -140,7 +147,7 @@ pub(super) fn dial(
     (me, to): (usize, usize),
     key: &hmac::Key,
 ) -> std::result::Result<TcpStream, NotJoined> {
-    let mut stream = TcpStream::connect(address).map_err(|_| NotJoined::NotYet)?;
+    let mut stream = connect(address).ok_or(NotJoined::NotYet)?;
     let mine = nonce().ok_or(NotJoined::NotYet)?;
     let mut greeting = Vec::with_capacity(GREETING);
     greeting.extend_from_slice(hello);
@@ -154,17 +161,45 @@ pub(super) fn dial(
     if !answered {
         return Err(NotJoined::NotYet);
     }
-    let (theirs, tag) = answer.split_at(NONCE);
+    let (purpose, rest) = answer.split_at(8);
+    let (index, rest) = rest.split_at(8);
+    let (theirs, tag) = rest.split_at(NONCE);
+    if purpose != hello {
+        return Err(NotJoined::Refused(
+            "it does not answer as a process of a hydrant cluster".into(),
+        ));
+    }
+    let index = u64::from_le_bytes(index.try_into().unwrap_or_default());
+    if index != to as u64 {
+        return Err(NotJoined::Refused(format!(
+            "it answers as process {index}: do the processes' hostfiles agree?"
+        )));
+    }
     let theirs_covered = covered(b'A', hello, (me, to), [&mine, theirs]);
     if hmac::verify(key, &theirs_covered, tag).is_err() {
+        // So that the acceptor names this process too, rather than a silence.
+        let _ = stream.write_all(&REFUSAL);
         return Err(NotJoined::Refused(UNPROVED.into()));
     }
     let proof = hmac::sign(key, &covered(b'D', hello, (me, to), [&mine, theirs]));
-    let ready = stream.write_all(proof.as_ref()).is_ok() && stream.set_read_timeout(None).is_ok();
-    if !ready {
+    let mut welcome = [0u8; 1];
+    let welcomed = stream.write_all(proof.as_ref()).is_ok()
+        && stream.read_exact(&mut welcome).is_ok()
+        && welcome[0] == WELCOME
+        && stream.set_read_timeout(None).is_ok();
+    if !welcomed {
         return Err(NotJoined::NotYet);
     }
     Ok(stream)
+}
+
+/// A connection to `address` within [`CONNECT_TIMEOUT`] (an address whose packets are
+/// dropped must not hold up the join's loop), or `None`.
+fn connect(address: &str) -> Option<TcpStream> {
+    address
+        .to_socket_addrs()
+        .ok()?
+        .find_map(|a| TcpStream::connect_timeout(&a, CONNECT_TIMEOUT).ok())
 }
 
 /// An accepted connection being greeted (without blocking).
@@ -191,14 +226,14 @@ pub(super) enum Greeted {
     /// A peer that proved the secret: what the connection is for ([`HELLO`] or
     /// [`HELLO_BEAT`]) and the index it comes from (checked by the caller).
     Peer(&'static [u8; 8], usize, TcpStream),
-    /// A greeting as this process, whose proof was wrong.
+    /// A greeting as process `p`, whose proof was wrong (or refused the answer).
     Unproved(usize),
     /// Anything else: closed, silent past [`GREETING_TIMEOUT`], or not a greeting.
     Stranger,
 }
 
 impl Greeting {
-    /// `stream`, non-blocking, accepted by process `me`.
+    /// `stream`, accepted and set non-blocking.
     pub fn new(stream: TcpStream) -> Self {
         Greeting {
             stream,
@@ -243,7 +278,9 @@ impl Greeting {
                 if !proved {
                     return Greeted::Unproved(dialer);
                 }
-                let ready = self.stream.set_nonblocking(false).is_ok()
+                // One byte fits a fresh connection's send buffer at once.
+                let ready = matches!((&self.stream).write(&[WELCOME]), Ok(1))
+                    && self.stream.set_nonblocking(false).is_ok()
                     && self.stream.set_nodelay(true).is_ok();
                 if ready {
                     Greeted::Peer(hello, dialer, self.stream)
@@ -254,7 +291,7 @@ impl Greeting {
         }
     }
 
-    /// Answers a whole greeting with a nonce and this side's tag.
+    /// Answers a whole greeting with this side's purpose, index, nonce and tag.
     fn answer(mut self, me: usize, key: &hmac::Key) -> Greeted {
         let Some(hello) = [HELLO, HELLO_BEAT]
             .into_iter()
@@ -269,10 +306,12 @@ impl Greeting {
             return Greeted::Stranger;
         };
         let tag = hmac::sign(key, &covered(b'A', hello, (dialer, me), [&theirs, &mine]));
-        let mut answer = [0u8; ANSWER];
-        answer[..NONCE].copy_from_slice(&mine);
-        answer[NONCE..].copy_from_slice(tag.as_ref());
-        // A fresh connection's send buffer takes 48 bytes at once; one that does not is
+        let mut answer = Vec::with_capacity(ANSWER);
+        answer.extend_from_slice(hello);
+        answer.extend_from_slice(&(me as u64).to_le_bytes());
+        answer.extend_from_slice(&mine);
+        answer.extend_from_slice(tag.as_ref());
+        // A fresh connection's send buffer takes 64 bytes at once; one that does not is
         // not worth waiting for.
         if !matches!((&self.stream).write(&answer), Ok(n) if n == ANSWER) {
             return Greeted::Stranger;

@@ -50,15 +50,20 @@ const SIGNAL: u8 = b'!';
 /// end and [`Signals::send`], so that their frames do not interleave.
 type Writer = Arc<Mutex<TcpStream>>;
 
+/// Writes one whole frame. A write that fails may have sent part of it, after which the
+/// peer would misread every byte: the connection is shut, so that the peer sees it close
+/// rather than frames out of step.
 fn write(to: &Writer, bytes: &[u8]) -> std::io::Result<()> {
-    to.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .write_all(bytes)
+    let mut stream = to.lock().unwrap_or_else(PoisonError::into_inner);
+    stream.write_all(bytes).inspect_err(|_| {
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    })
 }
 
 /// Numbers the processes of a running job send each other beside its dataflow, each
-/// heard by every other process's `on_signal(sender, number)` (on a heartbeat's thread).
-/// What a number means is the caller's. A signal sent while no job runs, or to a peer
+/// heard by every other process's `on_signal(sender, number)` on a heartbeat's thread
+/// (which must not block: no beats go out to that peer meanwhile). What a number means
+/// is the caller's. A signal sent while no job runs, or to a peer
 /// whose connection is gone, is lost: callers send again what still matters.
 #[derive(Clone)]
 pub struct Signals(Arc<SignalsInner>);
@@ -99,6 +104,16 @@ impl Signals {
 
     fn connect(&self, peers: &[Writer]) {
         *self.0.peers.lock().unwrap_or_else(PoisonError::into_inner) = peers.to_vec();
+    }
+
+    /// Forgets `peers`, if they are still the ones signals go to (a later job's stay).
+    fn disconnect(&self, peers: &[Writer]) {
+        let mut now = self.0.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let same =
+            now.len() == peers.len() && now.iter().zip(peers).all(|(a, b)| Arc::ptr_eq(a, b));
+        if same {
+            now.clear();
+        }
     }
 }
 
@@ -178,7 +193,7 @@ impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(s) = &self.signals {
-            s.connect(&[]);
+            s.disconnect(&self.peers);
         }
     }
 }

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use super::ServedPipeline;
 use super::run::{Redact, Run, lock};
-use super::stream::{LetGo, Runs, let_unread_go};
+use super::stream::{Runs, let_unread_go};
 use crate::delivery::{Delivery, Ownership};
 use crate::runtime::{self, Cluster, Job, Output, RankQueue, Signals};
 
@@ -92,11 +92,10 @@ impl ServedPipeline {
         job.featurized = self.featurized.clone();
         // A peer's trainer waits on `epoch`: the ranks of it (or before) no one reads here
         // may be what holds it.
-        let (runs, after) = (Arc::downgrade(&self.runs), self.absent_after);
+        let runs = Arc::downgrade(&self.runs);
         let signals = Signals::new(move |peer, epoch| {
             let _inside = serving.enter();
-            let waiter = format!("a trainer on process {peer} waited");
-            let_unread_go(&runs, epoch, &waiter, &LetGo { after, peers: None });
+            let_unread_go(&runs, epoch, &format!("a trainer on process {peer} waited"));
         });
         job.signals = Some(signals.clone());
         let (tell, failed) = tokio::sync::watch::channel(None);

@@ -40,7 +40,7 @@ pub(super) struct LetGo {
 /// epochs too: the rank holding the dataflow back may be a step behind, in an epoch the
 /// waiting trainer has finished. Only file input: a rank that comes later catches up on
 /// a run of its own, which pushed rows cannot.
-pub(super) fn let_unread_go(runs: &Weak<Runs>, epoch: u64, waiter: &str, let_go: &LetGo) {
+pub(super) fn let_unread_go(runs: &Weak<Runs>, epoch: u64, waiter: &str) {
     let Some(all) = runs.upgrade() else {
         return;
     };
@@ -57,9 +57,10 @@ pub(super) fn let_unread_go(runs: &Weak<Runs>, epoch: u64, waiter: &str, let_go:
                      batches are let go (it catches up on a run of its own when it is read)",
                     run.epoch
                 );
+                // A drain never waits for a batch long enough to let anything go.
                 let drain = LetGo {
+                    after: ABSENT_AFTER,
                     peers: None,
-                    ..let_go.clone()
                 };
                 Consumer::new(
                     run.clone(),
@@ -149,7 +150,7 @@ impl Consumer {
             self.rank,
             self.let_go.after.as_secs()
         );
-        let_unread_go(&self.runs, epoch, &waiter, &self.let_go);
+        let_unread_go(&self.runs, epoch, &waiter);
         if let Some(peers) = self.let_go.peers.clone() {
             drop(tokio::task::spawn_blocking(move || peers.send(epoch)));
         }

@@ -188,11 +188,7 @@ async fn a_waiting_reader_lets_go_of_unread_ranks_of_its_epoch_and_before() {
     ]));
     // Rank 0 of epoch 1 has a reader; it waits.
     let reader = r1.attach(0, 0, true).unwrap();
-    let let_go = LetGo {
-        after: ABSENT_AFTER,
-        peers: None,
-    };
-    let_unread_go(&Arc::downgrade(&runs), 1, "a test waited", &let_go);
+    let_unread_go(&Arc::downgrade(&runs), 1, "a test waited");
 
     // Let go: both ranks of epoch 0 and rank 1 of epoch 1; their bounded queues take a
     // whole epoch.

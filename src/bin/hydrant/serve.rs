@@ -60,9 +60,10 @@ pub(crate) struct ServeArgs {
     /// trainer that comes back later is served by a new run).
     #[arg(long, default_value_t = 300, value_parser = super::int_in(1u64, 7 * 86_400))]
     idle_timeout: u64,
-    /// Seconds a trainer's stream waits for its next batch before the ranks of its run
-    /// that no one reads are let go (so that one rank read alone does not wait forever);
-    /// such a rank, read later, catches up on a run of its own.
+    /// Seconds a trainer's stream waits for its next batch before the ranks that no one
+    /// reads, of its epoch and earlier ones and on every process of a cluster, are let go
+    /// (so that one rank read alone does not wait forever); such a rank, read later,
+    /// catches up on a run of its own.
     #[arg(long, default_value_t = 3, value_parser = super::int_in(1u64, 86_400))]
     absent_after: u64,
     /// With pushed input (`input = "flight"`): spool each accepted batch here, synced to
