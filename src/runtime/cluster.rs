@@ -12,9 +12,7 @@ use timely::communication::allocator::{AllocatorBuilder, ProcessBuilder};
 use timely::communication::{Hooks, WorkerGuards};
 use timely::worker::Worker;
 
-use super::handshake::{
-    self, ClusterSecret, Greeted, Greeting, HELLO, HELLO_BEAT, NotJoined, UNPROVED,
-};
+use super::handshake::{self, ClusterSecret, Greeted, Greeting, HELLO, HELLO_BEAT, NotJoined};
 use super::heartbeat::{self, Heartbeat, Signals};
 use crate::error::{Error, Result};
 
@@ -80,6 +78,15 @@ impl Cluster {
                 h.display(),
                 self.processes
             )));
+        }
+        for (i, line) in lines[..self.processes].iter().enumerate() {
+            if let Some(j) = lines[..i].iter().position(|l| l == line) {
+                return Err(Error::Usage(format!(
+                    "hostfile {} lists {line} for processes {j} and {i}: each needs an \
+                     address of its own",
+                    h.display()
+                )));
+            }
         }
         Ok(lines)
     }
@@ -182,6 +189,13 @@ fn default_address(p: usize) -> String {
     format!("localhost:{}", 2101 + p)
 }
 
+/// What a join that timed out says of a process when a connection claiming to be it did
+/// not prove the secret (it, or a stranger), or when its port did not answer as a peer.
+const CLAIMED: &str = "a connection claiming to be it did not prove the cluster's secret \
+     (it was started with another --cluster-secret-file or with none, or it was not it)";
+const UNANSWERED: &str =
+    "its port takes connections but does not answer as a process of a hydrant cluster";
+
 /// A socket per process (`None` at this one's index), as timely's networking wants them.
 type Sockets = Vec<Option<TcpStream>>;
 
@@ -205,8 +219,9 @@ fn join(
         .map_err(|e| Error::Usage(format!("cannot listen on {}: {e}", addresses[me])))?;
     let mut sockets: Sockets = (0..n).map(|_| None).collect();
     let mut beats: Sockets = (0..n).map(|_| None).collect();
-    // Process p > me whose place a connection that did not prove the secret claimed.
-    let mut unproved = vec![false; n];
+    // What was seen of a process that has not joined: a connection claiming to be it
+    // that did not prove the secret, or its port not answering as a peer.
+    let mut seen: Vec<Option<&str>> = vec![None; n];
     let mut greeting: Vec<Greeting> = Vec::new();
     let deadline = Instant::now() + timeout;
     loop {
@@ -218,6 +233,7 @@ fn join(
                 match handshake::dial(&addresses[p], hello, (me, p), key) {
                     Ok(stream) => *slot = Some(stream),
                     Err(NotJoined::NotYet) => {}
+                    Err(NotJoined::Unanswered) => seen[p] = Some(UNANSWERED),
                     Err(NotJoined::Refused(why)) => {
                         return Err(Error::Usage(format!(
                             "process {me}: process {p} ({}) is not of this cluster: {why}",
@@ -237,7 +253,7 @@ fn join(
                 Greeted::Pending(g) => greeting.push(g),
                 Greeted::Peer(HELLO, p, stream) if p > me && p < n => sockets[p] = Some(stream),
                 Greeted::Peer(_, p, stream) if p > me && p < n => beats[p] = Some(stream),
-                Greeted::Unproved(p) if p < n => unproved[p] = true,
+                Greeted::Unproved(p) if p < n => seen[p] = Some(CLAIMED),
                 Greeted::Peer(..) | Greeted::Unproved(_) | Greeted::Stranger => {}
             }
         }
@@ -255,9 +271,9 @@ fn join(
         if Instant::now() >= deadline {
             let who: Vec<String> = missing
                 .iter()
-                .map(|&p| match unproved[p] {
-                    true => format!("{p} ({}: {UNPROVED})", addresses[p]),
-                    false => format!("{p} ({})", addresses[p]),
+                .map(|&p| match seen[p] {
+                    Some(what) => format!("{p} ({}: {what})", addresses[p]),
+                    None => format!("{p} ({})", addresses[p]),
                 })
                 .collect();
             return Err(Error::Dataflow(format!(
@@ -410,5 +426,87 @@ mod tests {
             dialed.contains("did not prove the cluster's secret"),
             "{dialed}"
         );
+    }
+
+    #[test]
+    fn ports_that_are_not_peers_are_named_and_do_not_stretch_the_join() {
+        // A banner (an SSH server, say): refused at its first bytes.
+        let banner = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = banner.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for mut c in banner.incoming().flatten() {
+                let _ = c.write_all(b"SSH-2.0-OpenSSH_9.6\r\n");
+                std::thread::sleep(Duration::from_secs(30));
+            }
+        });
+        let started = Instant::now();
+        let err = join(
+            &[at, free()],
+            1,
+            Duration::from_secs(30),
+            &handshake::key(None),
+        );
+        let err = err.unwrap_err().to_string();
+        assert!(
+            err.contains("does not answer as a process of a hydrant cluster"),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+
+        // A port that trickles a byte at a time: each dial ends within its 2 s, the join
+        // soon after its own deadline, naming what it saw.
+        let trickle = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = trickle.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for mut c in trickle.incoming().flatten() {
+                std::thread::spawn(move || {
+                    while c.write_all(HELLO).is_ok() {
+                        std::thread::sleep(Duration::from_millis(900));
+                    }
+                });
+            }
+        });
+        let started = Instant::now();
+        let err = join(
+            &[at, free()],
+            1,
+            Duration::from_secs(1),
+            &handshake::key(None),
+        );
+        let err = err.unwrap_err().to_string();
+        assert!(err.contains("does not answer as a process"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_hostfile_that_lists_an_address_twice_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let hosts = dir.path().join("hosts");
+        std::fs::write(&hosts, "127.0.0.1:7001\n127.0.0.1:7002\n127.0.0.1:7001\n").unwrap();
+        let cluster = Cluster {
+            workers: 1,
+            processes: 3,
+            process: 0,
+            hostfile: Some(hosts),
+            secret: None,
+        };
+        let err = cluster.addresses().unwrap_err().to_string();
+        assert!(
+            err.contains("127.0.0.1:7001 for processes 0 and 2"),
+            "{err}"
+        );
+        let two = Cluster {
+            processes: 2,
+            ..cluster
+        };
+        assert_eq!(two.addresses().unwrap().len(), 3);
     }
 }

@@ -131,9 +131,10 @@ fn nonce() -> Option<[u8; NONCE]> {
 
 /// Why a dial did not give a connection.
 pub(super) enum NotJoined {
-    /// Nothing to talk to yet (the peer has not started listening), or no answer: try
-    /// again.
+    /// Nothing to talk to yet (the peer has not started listening): try again.
     NotYet,
+    /// A connection, but no whole answer in time: try again, and say so if it lasts.
+    Unanswered,
     /// An answer that does not prove this cluster's secret: the peer was started with
     /// another (or none), or something else listens at its address.
     Refused(String),
@@ -154,21 +155,23 @@ pub(super) fn dial(
     greeting.extend_from_slice(&(me as u64).to_le_bytes());
     greeting.extend_from_slice(&mine);
     let mut answer = [0u8; ANSWER];
-    let answered = stream.set_nodelay(true).is_ok()
-        && stream.set_read_timeout(Some(ANSWER_TIMEOUT)).is_ok()
-        && stream.write_all(&greeting).is_ok()
-        && stream.read_exact(&mut answer).is_ok();
-    if !answered {
-        return Err(NotJoined::NotYet);
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    let sent = stream.set_nodelay(true).is_ok() && stream.write_all(&greeting).is_ok();
+    // The purpose first: a port that is not hydrant's is told apart at once.
+    let (purpose, rest) = answer.split_at_mut(8);
+    if !sent || !read_by(&mut stream, purpose, deadline) {
+        return Err(NotJoined::Unanswered);
     }
-    let (purpose, rest) = answer.split_at(8);
-    let (index, rest) = rest.split_at(8);
-    let (theirs, tag) = rest.split_at(NONCE);
     if purpose != hello {
         return Err(NotJoined::Refused(
             "it does not answer as a process of a hydrant cluster".into(),
         ));
     }
+    if !read_by(&mut stream, rest, deadline) {
+        return Err(NotJoined::Unanswered);
+    }
+    let (index, rest) = answer[8..].split_at(8);
+    let (theirs, tag) = rest.split_at(NONCE);
     let index = u64::from_le_bytes(index.try_into().unwrap_or_default());
     if index != to as u64 {
         return Err(NotJoined::Refused(format!(
@@ -183,14 +186,34 @@ pub(super) fn dial(
     }
     let proof = hmac::sign(key, &covered(b'D', hello, (me, to), [&mine, theirs]));
     let mut welcome = [0u8; 1];
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
     let welcomed = stream.write_all(proof.as_ref()).is_ok()
-        && stream.read_exact(&mut welcome).is_ok()
+        && read_by(&mut stream, &mut welcome, deadline)
         && welcome[0] == WELCOME
         && stream.set_read_timeout(None).is_ok();
     if !welcomed {
-        return Err(NotJoined::NotYet);
+        return Err(NotJoined::Unanswered);
     }
     Ok(stream)
+}
+
+/// Fills `buf` from `stream` by `deadline` (a peer that trickles its bytes cannot make
+/// a dial last longer); false if it could not.
+fn read_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> bool {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return false;
+        }
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => return false,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// A connection to `address` within [`CONNECT_TIMEOUT`] (an address whose packets are
