@@ -428,62 +428,49 @@ mod tests {
         );
     }
 
-    #[test]
-    fn ports_that_are_not_peers_are_named_and_do_not_stretch_the_join() {
-        // A banner (an SSH server, say): refused at its first bytes.
-        let banner = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = banner.local_addr().unwrap().to_string();
+    /// Process 1's join against a process 0 that is a port answering each connection with
+    /// `answer`, waiting at most `timeout`: its error, and how long it took.
+    fn join_against(answer: fn(TcpStream), timeout: Duration) -> (String, Duration) {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = port.local_addr().unwrap().to_string();
         std::thread::spawn(move || {
-            for mut c in banner.incoming().flatten() {
-                let _ = c.write_all(b"SSH-2.0-OpenSSH_9.6\r\n");
-                std::thread::sleep(Duration::from_secs(30));
+            for c in port.incoming().flatten() {
+                std::thread::spawn(move || answer(c));
             }
         });
         let started = Instant::now();
-        let err = join(
-            &[at, free()],
-            1,
+        let err = join(&[at, free()], 1, timeout, &handshake::key(None));
+        (err.unwrap_err().to_string(), started.elapsed())
+    }
+
+    #[test]
+    fn ports_that_are_not_peers_are_named_and_do_not_stretch_the_join() {
+        // A banner (an SSH server, say): refused at its first bytes.
+        let (err, took) = join_against(
+            |mut c| {
+                let _ = c.write_all(b"SSH-2.0-OpenSSH_9.6\r\n");
+                std::thread::sleep(Duration::from_secs(30));
+            },
             Duration::from_secs(30),
-            &handshake::key(None),
         );
-        let err = err.unwrap_err().to_string();
         assert!(
             err.contains("does not answer as a process of a hydrant cluster"),
             "{err}"
         );
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            started.elapsed()
-        );
+        assert!(took < Duration::from_secs(5), "{took:?}");
 
         // A port that trickles a byte at a time: each dial ends within its 2 s, the join
         // soon after its own deadline, naming what it saw.
-        let trickle = TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = trickle.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            for mut c in trickle.incoming().flatten() {
-                std::thread::spawn(move || {
-                    while c.write_all(HELLO).is_ok() {
-                        std::thread::sleep(Duration::from_millis(900));
-                    }
-                });
-            }
-        });
-        let started = Instant::now();
-        let err = join(
-            &[at, free()],
-            1,
+        let (err, took) = join_against(
+            |mut c| {
+                while c.write_all(HELLO).is_ok() {
+                    std::thread::sleep(Duration::from_millis(900));
+                }
+            },
             Duration::from_secs(1),
-            &handshake::key(None),
         );
-        let err = err.unwrap_err().to_string();
         assert!(err.contains("does not answer as a process"), "{err}");
-        assert!(
-            started.elapsed() < Duration::from_secs(8),
-            "{:?}",
-            started.elapsed()
-        );
+        assert!(took < Duration::from_secs(8), "{took:?}");
     }
 
     #[test]
