@@ -126,15 +126,7 @@ fn fitting_across_processes_matches_one_process() {
 /// `hydrant run` of `toml` over `input` (`rows` rows) with `extra` options: its peak
 /// resident memory in MiB, from its summary.
 fn peak_rss_mb(toml: &std::path::Path, input: &std::path::Path, rows: u64, extra: &[&str]) -> f64 {
-    let mut args = vec![
-        "run",
-        "--pipeline",
-        toml.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let s = hydrant_ok(&args);
+    let s = hydrant_ok(&run_of(toml, input, extra));
     assert_eq!(s["rows"], rows);
     s["peak_rss_mb"].as_f64().expect("peak_rss_mb on Linux")
 }

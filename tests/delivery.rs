@@ -242,17 +242,7 @@ fn bad_delivery_options_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (input, _) = inputs(dir.path());
     let toml = criteo_toml();
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "run",
-            "--pipeline",
-            toml.to_str().unwrap(),
-            "--input",
-            input.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        hydrant_err(&args)
-    };
+    let run = |extra: &[&str]| hydrant_err(&run_of(&toml, &input, extra));
     for (extra, needle) in [
         (&["--ranks", "0"][..], "--ranks"),
         (&["--batch-size", "0"][..], "--batch-size"),

@@ -27,6 +27,19 @@ pub fn hydrant(args: &[&str]) -> Output {
         .expect("hydrant runs")
 }
 
+/// The arguments of `hydrant run` of `toml` over `input`, then `extra`.
+pub fn run_of<'a>(toml: &'a Path, input: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "run",
+        "--pipeline",
+        toml.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Runs `hydrant ARGS`, asserts success, and returns the last stdout line as JSON.
 pub fn hydrant_ok(args: &[&str]) -> serde_json::Value {
     let out = hydrant(args);
