@@ -21,6 +21,10 @@ use crate::state::{FittedParam, FittedState};
 use crate::step::Step;
 use crate::vocabulary::Vocabulary;
 
+mod into;
+
+pub use into::{RowTargets, row_bytes, value_bytes};
+
 /// How one column becomes tensor values.
 #[derive(Debug, Clone)]
 enum Bound {
@@ -52,6 +56,9 @@ pub struct Transformer {
     state_version: u64,
     // Scratch space reused across batches, so the hot path does not allocate per column.
     scratch: Vec<i64>,
+    // A group's tensor, for `apply_into`, which writes it on into rows elsewhere.
+    dense: Vec<f32>,
+    ids: Vec<i64>,
 }
 
 impl FeaturePlan {
@@ -133,6 +140,8 @@ impl FeaturePlan {
             columns,
             state_version: state.version,
             scratch: Vec::new(),
+            dense: Vec::new(),
+            ids: Vec::new(),
         })
     }
 }
@@ -231,11 +240,7 @@ impl Transformer {
             let tensor: ArrayRef = match g.spec.kind {
                 GroupKind::Dense => {
                     let mut values = vec![0f32; rows * width];
-                    for (part, out) in row_blocks(batch, cols, width, &mut values)? {
-                        for c in cols.iter_mut() {
-                            dense_column(&part, name, c, width, &mut self.scratch, out)?;
-                        }
-                    }
+                    dense_values(batch, name, cols, width, &mut self.scratch, &mut values)?;
                     let item = Arc::new(Field::new_list_field(DataType::Float32, false));
                     Arc::new(FixedSizeListArray::try_new(
                         item,
@@ -248,15 +253,7 @@ impl Transformer {
                     // Not cut into blocks: a column's ids come from one lookup over the
                     // whole batch, whose per-call cost outweighed the cache misses.
                     let mut values = vec![0i64; rows * width];
-                    for c in cols.iter_mut() {
-                        if let Bound::Tensor = c.bound {
-                            tensor_into::<Int64Type>(batch, name, c, width, &mut values)?;
-                            continue;
-                        }
-                        self.scratch.resize(rows, 0);
-                        index_column(batch, name, c, &mut self.scratch)?;
-                        scatter(&self.scratch, width, c.offset, &mut values);
-                    }
+                    ids_values(batch, name, cols, width, &mut self.scratch, &mut values)?;
                     let item = Arc::new(Field::new_list_field(DataType::Int64, false));
                     Arc::new(FixedSizeListArray::try_new(
                         item,
@@ -270,6 +267,44 @@ impl Transformer {
         }
         Ok(RecordBatch::try_new(self.plan.output_schema(), out)?)
     }
+}
+
+/// Writes a dense group's `[rows, width]` tensor of `batch` into `values` (zeroed).
+fn dense_values(
+    batch: &RecordBatch,
+    name: &str,
+    cols: &mut [BoundColumn],
+    width: usize,
+    scratch: &mut Vec<i64>,
+    values: &mut [f32],
+) -> Result<()> {
+    for (part, out) in row_blocks(batch, cols, width, values)? {
+        for c in cols.iter_mut() {
+            dense_column(&part, name, c, width, scratch, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes an ids group's `[rows, width]` tensor of `batch` into `values`.
+fn ids_values(
+    batch: &RecordBatch,
+    name: &str,
+    cols: &mut [BoundColumn],
+    width: usize,
+    scratch: &mut Vec<i64>,
+    values: &mut [i64],
+) -> Result<()> {
+    for c in cols.iter_mut() {
+        if let Bound::Tensor = c.bound {
+            tensor_into::<Int64Type>(batch, name, c, width, values)?;
+            continue;
+        }
+        scratch.resize(batch.num_rows(), 0);
+        index_column(batch, name, c, scratch)?;
+        scatter(scratch, width, c.offset, values);
+    }
+    Ok(())
 }
 
 /// Rows per block when a group's tensor is assembled: every column of the group writes

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
+use hydrant_operators::Transformer;
 
 use super::assemble::StepRun;
 use super::fill::{Fill, Pick, Sources};
@@ -80,7 +81,7 @@ impl Arena {
         let sources = Sources::of(&self.schema, batch)?;
         let picks = in_row_order(runs, sources.rows())?;
         let keys = runs.iter().map(|&(step, _)| (epoch, step, rank));
-        self.put_locked(keys, &sources, &picks)
+        self.put_locked(keys, |fills| Fill::put_many(fills, &sources, &picks))
     }
 
     /// Locks steps `keys` (made if new), which ascend, and puts `picks` into them (fill
@@ -89,8 +90,7 @@ impl Arena {
     fn put_locked(
         &self,
         keys: impl Iterator<Item = Key>,
-        sources: &Sources,
-        picks: &[Pick],
+        put: impl FnOnce(&mut [&mut Fill]) -> Result<()>,
     ) -> Result<()> {
         let cells: Vec<_> = {
             let mut steps = self.steps();
@@ -105,7 +105,7 @@ impl Arena {
             .iter_mut()
             .map(|g| g.get_or_insert_with(|| Fill::new(&self.schema, self.batch_size)))
             .collect();
-        Fill::put_many(&mut fills, sources, picks)
+        put(&mut fills)
     }
 
     /// Copies rows of `batch` (epoch `epoch`) into their steps in one pass: `picks` are
@@ -121,6 +121,36 @@ impl Arena {
         picks: &mut [Pick],
     ) -> Result<Vec<RankCounts>> {
         let sources = Sources::of(&self.schema, batch)?;
+        self.put_into_steps(epoch, steps, picks, |fills, picks| {
+            Fill::put_many(fills, &sources, picks)
+        })
+    }
+
+    /// Featurizes `batch`, raw rows of epoch `epoch`, straight into their steps
+    /// ([`Fill::featurize_many`]): `steps` and `picks` as [`Arena::put_picks`] takes them,
+    /// a pick for every row of the batch. Returns what `put_picks` returns.
+    pub(crate) fn featurize_picks(
+        &self,
+        epoch: u64,
+        transformer: &mut Transformer,
+        batch: &RecordBatch,
+        steps: &[(u64, usize)],
+        picks: &mut [Pick],
+    ) -> Result<Vec<RankCounts>> {
+        self.put_into_steps(epoch, steps, picks, |fills, picks| {
+            Fill::featurize_many(fills, transformer, batch, picks)
+        })
+    }
+
+    /// Locks the steps `picks` name and has `put` write their rows (see
+    /// [`Arena::put_picks`]).
+    fn put_into_steps(
+        &self,
+        epoch: u64,
+        steps: &[(u64, usize)],
+        picks: &mut [Pick],
+        put: impl FnOnce(&mut [&mut Fill], &[Pick]) -> Result<()>,
+    ) -> Result<Vec<RankCounts>> {
         let mut rows = vec![0usize; steps.len()];
         for &(_, fill, _) in picks.iter() {
             let count = rows.get_mut(fill as usize).ok_or_else(|| {
@@ -143,7 +173,7 @@ impl Arena {
             pick.1 = renumber[pick.1 as usize];
         }
         let keys = used.iter().map(|&k| (epoch, steps[k].0, steps[k].1));
-        self.put_locked(keys, &sources, picks)?;
+        self.put_locked(keys, |fills| put(fills, picks))?;
         let mut by_rank: Vec<RankCounts> = Vec::new();
         for &k in &used {
             let (step, rank) = steps[k];

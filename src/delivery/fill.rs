@@ -15,7 +15,7 @@
 //! null items: every featurized column) can be filled; a plan with other columns keeps
 //! gathering ([`Fill::supports`]).
 
-use arrow::array::{Array, ArrayData, ArrayRef, AsArray, RecordBatch, make_array};
+use arrow::array::{Array, ArrayData, ArrayRef, RecordBatch, make_array};
 use arrow::buffer::{Buffer, MutableBuffer, NullBuffer};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 
@@ -23,6 +23,7 @@ use super::gather::AHEAD;
 use crate::error::{Error, Result};
 use crate::recycle;
 use hydrant_operators::kernels::prefetch;
+use hydrant_operators::{RowTargets, Transformer, row_bytes, value_bytes};
 
 /// One step's rows, filled slot by slot.
 pub(crate) struct Fill {
@@ -157,21 +158,7 @@ impl Fill {
                 return Err(layout("a piece's column is not of its step's width"));
             }
         }
-        for (k, &(row, fill, slot)) in picks.iter().enumerate() {
-            let free = fills
-                .get(fill as usize)
-                .and_then(|f| f.filled.get(slot as usize))
-                .is_some_and(|f| !f);
-            if !free || row as usize >= sources.rows {
-                for &(_, fill, slot) in &picks[..k] {
-                    fills[fill as usize].filled[slot as usize] = false;
-                }
-                return Err(Error::Dataflow(format!(
-                    "slot {slot} of a step was filled twice or is out of range"
-                )));
-            }
-            fills[fill as usize].filled[slot as usize] = true;
-        }
+        claim(fills, picks, sources.rows)?;
         for (c, (bytes, nulls)) in sources.columns.iter().enumerate() {
             let dsts: Vec<*mut u8> = fills
                 .iter_mut()
@@ -192,6 +179,59 @@ impl Fill {
             }
         }
         Ok(())
+    }
+
+    /// Featurizes `batch`, raw rows, straight into several steps of this schema and size
+    /// at once ([`Transformer::apply_into`]): `picks` are `(row, fill, slot)`, one for
+    /// every row of the batch, in row order. Fails, filling nothing, as
+    /// [`Fill::put_many`] does, and on a schema other than the transformer's output.
+    pub(crate) fn featurize_many(
+        fills: &mut [&mut Fill],
+        transformer: &mut Transformer,
+        batch: &RecordBatch,
+        picks: &[Pick],
+    ) -> Result<()> {
+        let schema = transformer.plan().output_schema();
+        let widths: Vec<Option<usize>> = schema
+            .fields()
+            .iter()
+            .map(|f| row_bytes(f.data_type()))
+            .collect();
+        if fills
+            .iter()
+            .any(|f| !f.widths().map(Some).eq(widths.iter().copied()))
+        {
+            return Err(layout("a step has other columns than the featurized rows"));
+        }
+        let rows = batch.num_rows();
+        if picks.len() != rows || picks.iter().enumerate().any(|(k, p)| p.0 as usize != k) {
+            return Err(layout("not every row of a batch was placed, in order"));
+        }
+        claim(fills, picks, rows)?;
+        let bases: Vec<Vec<*mut u8>> = (0..widths.len())
+            .map(|c| {
+                fills
+                    .iter_mut()
+                    .map(|f| {
+                        let column = &mut f.columns[c];
+                        let room = column.values.capacity() >= f.filled.len() * column.row_bytes;
+                        assert!(room, "made so by Fill::new");
+                        column.values.as_mut_ptr()
+                    })
+                    .collect()
+            })
+            .collect();
+        let targets: Vec<(u32, u32)> = picks.iter().map(|&(_, fill, slot)| (fill, slot)).collect();
+        // SAFETY: `claim` checked that every pick's fill is one of `fills` and its slot is
+        // below `B` and was free, and it marked each taken, so no two rows name one slot.
+        // Every column of a fill has room for `B` slots of its width (checked above: the
+        // transformer's widths), and `fills` are borrowed mutably, so nothing else reads
+        // or writes them while the transformer writes.
+        let to = unsafe { RowTargets::new(&bases, &targets) };
+        transformer.apply_into(batch, &to).map_err(|e| {
+            unclaim(fills, picks);
+            Error::from(e)
+        })
     }
 
     /// Bytes a row of each column takes.
@@ -256,6 +296,32 @@ impl Column {
 
 /// A row of a batch and where it goes: `(row, fill, slot)`.
 pub(crate) type Pick = (u32, u32, u32);
+
+/// Marks the slots of `picks` taken in `fills`. Fails, marking none, on a fill not in
+/// `fills`, a slot past `B` or already taken, or a row past `rows`.
+fn claim(fills: &mut [&mut Fill], picks: &[Pick], rows: usize) -> Result<()> {
+    for (k, &(row, fill, slot)) in picks.iter().enumerate() {
+        let free = fills
+            .get(fill as usize)
+            .and_then(|f| f.filled.get(slot as usize))
+            .is_some_and(|f| !f);
+        if !free || row as usize >= rows {
+            unclaim(fills, &picks[..k]);
+            return Err(Error::Dataflow(format!(
+                "slot {slot} of a step was filled twice or is out of range"
+            )));
+        }
+        fills[fill as usize].filled[slot as usize] = true;
+    }
+    Ok(())
+}
+
+/// Marks the slots of `picks`, which [`claim`] took, free again.
+fn unclaim(fills: &mut [&mut Fill], picks: &[Pick]) {
+    for &(_, fill, slot) in picks {
+        fills[fill as usize].filled[slot as usize] = false;
+    }
+}
 
 /// Copies rows `picks` of `src`, `n` bytes a row, to their slots: slot `slot` of fill
 /// `fill` is at `dsts[fill] + slot · n`. [`Fill::put_many`] checked every fill, slot
@@ -366,37 +432,9 @@ fn copy_any(src: &[u8], dsts: &[*mut u8], picks: &[Pick], n: usize) {
 }
 
 /// Bytes a row of `data_type` takes, if it is of fixed width.
-fn row_bytes(data_type: &DataType) -> Option<usize> {
-    match data_type {
-        DataType::FixedSizeList(item, width) => {
-            let width = usize::try_from(*width).ok()?;
-            Some(item.data_type().primitive_width()? * width)
-        }
-        DataType::Boolean => None,
-        other => other.primitive_width(),
-    }
-}
-
-/// A fixed-width column's rows as bytes, `row_bytes` a row, and its nulls; `None` for
-/// another layout (or null items in a list, which a row copy would lose).
 fn source(array: &dyn Array, row_bytes: usize) -> Option<(Buffer, Option<NullBuffer>)> {
-    let values = match array.data_type() {
-        DataType::FixedSizeList(..) => {
-            let items = array.as_fixed_size_list_opt()?.values();
-            if items.null_count() > 0 {
-                return None;
-            }
-            items.to_data()
-        }
-        _ => array.to_data(),
-    };
-    let width = values.data_type().primitive_width()?;
-    let buffer = values.buffers().first()?;
-    let (start, len) = (values.offset() * width, array.len() * row_bytes);
-    if values.len() * width != len || start + len > buffer.len() {
-        return None;
-    }
-    Some((buffer.slice_with_length(start, len), array.nulls().cloned()))
+    let values = value_bytes(array, row_bytes)?;
+    Some((values, array.nulls().cloned()))
 }
 
 fn layout(what: &str) -> Error {

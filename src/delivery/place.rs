@@ -1,4 +1,6 @@
-//! The `place` operator: splits each featurized batch into pieces by destination rank.
+//! The `place` operator: featurizes each batch and splits it into pieces by destination
+//! rank, or, for rows of shuffled steps this process fills, featurizes the rows straight
+//! into their steps (see `transform/into.rs` in hydrant-operators).
 
 use arrow::array::{AsArray, RecordBatch};
 use std::sync::Arc;
@@ -9,7 +11,7 @@ use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Operator;
 use timely::dataflow::{Stream, StreamVec};
 
-use hydrant_operators::{Batch, ErrorSlot, ROW_ID};
+use hydrant_operators::{Batch, ErrorSlot, ROW_ID, Transformer};
 
 use super::Delivery;
 use super::arena::Arena;
@@ -19,18 +21,21 @@ use super::placement::Placement;
 use super::plan::Ownership;
 use super::wire::Pieces;
 
-/// Places the rows of a stream of featurized batches, each stamped (`seq`) with where its
-/// first row sits: `epoch · rows + position`.
+/// Featurizes and places the rows of a stream of raw batches, each stamped (`seq`) with
+/// where its first row sits: `epoch · rows + position`.
 pub trait PlaceRows<'s> {
-    /// One piece per rank that receives rows of a batch, at the batch's time. With
+    /// Featurizes each batch with `transformer`; one piece per rank that receives rows of
+    /// it, at the batch's time. With
     /// [`Delivery::only`], a batch holds only that rank's rows, not all of a run of
     /// positions: their `row_id`s say where each sits.
     ///
     /// With `fill` (this process's arena, the ranks' ownership and this process's index),
     /// rows for ranks this process owns are put in the arena here, and their pieces only
-    /// count them.
+    /// count them; a batch whose every row is one of them is featurized straight into its
+    /// steps.
     fn place_rows(
         self,
+        transformer: Transformer,
         delivery: Delivery,
         fill: Option<(Arc<Arena>, Ownership, usize)>,
         errors: ErrorSlot,
@@ -40,10 +45,12 @@ pub trait PlaceRows<'s> {
 impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
     fn place_rows(
         self,
+        mut transformer: Transformer,
         delivery: Delivery,
         fill: Option<(Arc<Arena>, Ownership, usize)>,
         errors: ErrorSlot,
     ) -> Stream<'s, u64, Pieces> {
+        let schema = transformer.plan().output_schema();
         self.unary::<CapacityContainerBuilder<Pieces>, _, _, _>(Pipeline, "Place", move |_, _| {
             let mut pieces = Vec::new();
             let (mut steps, mut picks) = (Vec::new(), Vec::new());
@@ -73,17 +80,35 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                                 &mut picks,
                             )
                         {
-                            match arena.put_picks(epoch, &b.data, &steps, &mut picks) {
+                            // Rows left out (a resumed epoch's first steps) are featurized
+                            // too, and so need a batch of their own.
+                            let put = if picks.len() == b.data.num_rows() {
+                                let _running = hydrant_operators::running::enter("featurize");
+                                let t = &mut transformer;
+                                arena.featurize_picks(epoch, t, &b.data, &steps, &mut picks)
+                            } else {
+                                match featurize(&mut transformer, &b.data, &errors) {
+                                    Some(data) => arena.put_picks(epoch, &data, &steps, &mut picks),
+                                    None => continue,
+                                }
+                            };
+                            match put {
                                 Ok(by_rank) => {
                                     for (rank, counts) in by_rank {
-                                        let schema = b.data.schema();
+                                        let schema = schema.clone();
                                         session.give(Piece::filled(epoch, rank, counts, schema));
                                     }
+                                }
+                                Err(e @ crate::error::Error::Op(_)) => {
+                                    return errors.set("featurize", e);
                                 }
                                 Err(e) => return errors.set("place", e),
                             }
                             continue;
                         }
+                        let Some(data) = featurize(&mut transformer, &b.data, &errors) else {
+                            continue;
+                        };
                         if delivery.only.is_none() {
                             split(
                                 plan.placement(),
@@ -91,10 +116,10 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                                 rows,
                                 pos,
                                 deliver,
-                                &b.data,
+                                &data,
                                 &mut pieces,
                             );
-                        } else if let Some(ids) = row_ids(&b.data) {
+                        } else if let Some(ids) = row_ids(&data) {
                             // Rows of one unit: positions follow row ids.
                             let base = ids.first().copied().unwrap_or(0);
                             let positions = ids.iter().map(|&id| pos + id.saturating_sub(base));
@@ -105,7 +130,7 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                                 rows,
                                 positions,
                                 &deliver,
-                                &b.data,
+                                &data,
                                 &mut pieces,
                             );
                         } else {
@@ -130,6 +155,12 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
             }
         })
     }
+}
+
+/// `batch` featurized; `None` (with the error in `errors`) if it failed.
+fn featurize(t: &mut Transformer, batch: &RecordBatch, errors: &ErrorSlot) -> Option<RecordBatch> {
+    let _running = hydrant_operators::running::enter("featurize");
+    t.apply(batch).map_err(|e| errors.set("featurize", e)).ok()
 }
 
 /// Puts `piece`'s rows in the arena; returns the piece that counts them for the owner.

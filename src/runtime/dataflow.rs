@@ -20,7 +20,7 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hydrant_operators::{ErrorSlot, FeaturePlan, Featurize, FitPartial, FittedState, Transformer};
+use hydrant_operators::{ErrorSlot, FeaturePlan, FitPartial, FittedState, Transformer};
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::vec::Input;
@@ -463,8 +463,8 @@ fn run_worker(
     worker.dataflow::<u64, _, _>(|scope| {
         let pieces = scope
             .input_from(&mut input)
-            .featurize(transformer, errors.clone())
             .place_rows(
+                transformer,
                 delivery.clone(),
                 job.arena.clone().map(|a| (a, ownership, process)),
                 errors.clone(),
