@@ -65,5 +65,5 @@ pub use plan::{FeaturePlan, MAX_GROUP_NAME, RESERVED_NAMES, ROW_ID, check_group_
 pub use state::{FittedParam, FittedState, STATE_FORMAT};
 pub use stats::{Moments, Partial};
 pub use step::Step;
-pub use transform::{RowTargets, Transformer, check_labels, row_bytes, value_bytes};
+pub use transform::{Featurized, RowTargets, Transformer, check_labels, row_bytes, value_bytes};
 pub use vocabulary::Vocabulary;

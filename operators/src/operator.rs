@@ -39,7 +39,9 @@ impl ErrorSlot {
     }
 }
 
-/// Featurizes a stream of raw batches.
+/// Featurizes a stream of raw batches, each into a new batch: for dataflows built on this
+/// crate alone. (hydrant's own dataflow featurizes in its place operator, which writes a
+/// shuffled batch's rows straight into their steps with [`Transformer::featurize_rows`].)
 pub trait Featurize<'scope, T: Timestamp> {
     /// Applies `transformer` to each batch; a batch that fails is reported to `errors` and
     /// dropped, and the worker is expected to stop.

@@ -23,7 +23,7 @@ use crate::vocabulary::Vocabulary;
 
 mod into;
 
-pub use into::{RowTargets, row_bytes, value_bytes};
+pub use into::{Featurized, RowTargets, row_bytes, value_bytes};
 
 /// How one column becomes tensor values.
 #[derive(Debug, Clone)]
@@ -56,9 +56,9 @@ pub struct Transformer {
     state_version: u64,
     // Scratch space reused across batches, so the hot path does not allocate per column.
     scratch: Vec<i64>,
-    // A group's tensor, for `apply_into`, which writes it on into rows elsewhere.
-    dense: Vec<f32>,
-    ids: Vec<i64>,
+    // Each group's tensor for `featurize_rows`, which leaves it here to be written on into
+    // rows elsewhere.
+    kept: Vec<into::Kept>,
 }
 
 impl FeaturePlan {
@@ -140,8 +140,7 @@ impl FeaturePlan {
             columns,
             state_version: state.version,
             scratch: Vec::new(),
-            dense: Vec::new(),
-            ids: Vec::new(),
+            kept: Vec::new(),
         })
     }
 }

@@ -1,7 +1,8 @@
-//! Shuffled steps being filled in one process, shared by its workers: the reader that
-//! featurized a batch copies its rows for the process's own ranks straight into their
-//! steps, while the batch is still in that core's cache, and tells the owner how many rows
-//! it put there. Rows from other processes are put there by their owner on arrival.
+//! Shuffled steps being filled in one process, shared by its workers: the reader of a
+//! batch writes its rows for the process's own ranks straight into their steps (as it
+//! featurizes them, or from the featurized batch while it is still in that core's cache),
+//! and tells the owner how many rows it put there. Rows from other processes are put
+//! there by their owner on arrival.
 //!
 //! Before, only the owner copied a piece's rows ([`Fill`] alone): with two workers, half of
 //! every batch went to the other worker's rank and was read again on another core. On
@@ -126,9 +127,11 @@ impl Arena {
         })
     }
 
-    /// Featurizes `batch`, raw rows of epoch `epoch`, straight into their steps
-    /// ([`Fill::featurize_many`]): `steps` and `picks` as [`Arena::put_picks`] takes them,
-    /// a pick for every row of the batch. Returns what `put_picks` returns.
+    /// Featurizes `batch`, raw rows of epoch `epoch`, and writes its rows into their
+    /// steps ([`Fill::write_many`]): `steps` and `picks` as [`Arena::put_picks`] takes
+    /// them, a pick for every row of the batch. Returns what `put_picks` returns. The
+    /// steps are locked only to write the rows, not while they are featurized: other
+    /// workers fill the same steps.
     pub(crate) fn featurize_picks(
         &self,
         epoch: u64,
@@ -137,8 +140,9 @@ impl Arena {
         steps: &[(u64, usize)],
         picks: &mut [Pick],
     ) -> Result<Vec<RankCounts>> {
+        let featurized = transformer.featurize_rows(batch)?;
         self.put_into_steps(epoch, steps, picks, |fills, picks| {
-            Fill::featurize_many(fills, transformer, batch, picks)
+            Fill::write_many(fills, &featurized, picks)
         })
     }
 

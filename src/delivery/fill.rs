@@ -1,11 +1,12 @@
-//! A shuffled step filled as its rows arrive: each piece's rows are copied into the step's
-//! own buffers soon after the piece's batch is featurized, not gathered once the step is
-//! complete.
+//! A shuffled step filled as its rows arrive: each batch's rows are written into the
+//! step's own buffers as the batch is featurized, not gathered once the step is complete.
 //!
 //! A shuffled step draws its rows from every featurized batch of a window (16 of them for
 //! Criteo rows, `--shuffle-window 65536` and `B = 4096`). Gathered at the end, each row
-//! was read long after it left the cache. Now the reader copies the rows for its own
-//! process's ranks while the batch is in its cache ([`Arena`](super::arena::Arena)), and
+//! was read long after it left the cache. Now a reader whose batch goes wholly to its own
+//! process's ranks featurizes it and writes its rows straight into their steps
+//! ([`Fill::write_many`], through the [`Arena`](super::arena::Arena)); the rows of other
+//! batches are copied in from the featurized batch while it is in the reader's cache, and
 //! an owner copies rows that came from another process when they arrive. A piece's rows
 //! are copied in batch order, each into its own step ([`Fill::put_many`]); with strided
 //! windows (see `placement.rs`) a piece's rows of one step fill consecutive slots, so the
@@ -23,7 +24,7 @@ use super::gather::AHEAD;
 use crate::error::{Error, Result};
 use crate::recycle;
 use hydrant_operators::kernels::prefetch;
-use hydrant_operators::{RowTargets, Transformer, row_bytes, value_bytes};
+use hydrant_operators::{Featurized, RowTargets, row_bytes, value_bytes};
 
 /// One step's rows, filled slot by slot.
 pub(crate) struct Fill {
@@ -81,7 +82,7 @@ impl Sources {
 struct Column {
     row_bytes: usize,
     /// Room for `B` rows; its length stays 0 until [`Fill::finish`], and bytes are only
-    /// written through its pointer, one row at a time, into slots below `B`.
+    /// written through its pointer, into slots below `B` claimed first.
     values: MutableBuffer,
     /// Which rows are valid, once a piece brought a null.
     validity: Option<Vec<bool>>,
@@ -181,34 +182,25 @@ impl Fill {
         Ok(())
     }
 
-    /// Featurizes `batch`, raw rows, straight into several steps of this schema and size
-    /// at once ([`Transformer::apply_into`]): `picks` are `(row, fill, slot)`, one for
-    /// every row of the batch, in row order. Fails, filling nothing, as
-    /// [`Fill::put_many`] does, and on a schema other than the transformer's output.
-    pub(crate) fn featurize_many(
+    /// Writes a featurized batch's rows into several steps of this schema and size at
+    /// once ([`Featurized::write_into`]): `picks` are `(row, fill, slot)`, one for every
+    /// row of the batch, in row order. Fails, filling nothing, as [`Fill::put_many`] does,
+    /// and on rows of other columns than the steps'.
+    pub(crate) fn write_many(
         fills: &mut [&mut Fill],
-        transformer: &mut Transformer,
-        batch: &RecordBatch,
+        featurized: &Featurized<'_>,
         picks: &[Pick],
     ) -> Result<()> {
-        let schema = transformer.plan().output_schema();
-        let widths: Vec<Option<usize>> = schema
-            .fields()
-            .iter()
-            .map(|f| row_bytes(f.data_type()))
-            .collect();
-        if fills
-            .iter()
-            .any(|f| !f.widths().map(Some).eq(widths.iter().copied()))
-        {
+        if fills.iter().any(|f| !f.widths().eq(featurized.row_bytes())) {
             return Err(layout("a step has other columns than the featurized rows"));
         }
-        let rows = batch.num_rows();
+        let rows = featurized.rows();
         if picks.len() != rows || picks.iter().enumerate().any(|(k, p)| p.0 as usize != k) {
             return Err(layout("not every row of a batch was placed, in order"));
         }
         claim(fills, picks, rows)?;
-        let bases: Vec<Vec<*mut u8>> = (0..widths.len())
+        let columns = fills.first().map_or(0, |f| f.columns.len());
+        let bases: Vec<Vec<*mut u8>> = (0..columns)
             .map(|c| {
                 fills
                     .iter_mut()
@@ -224,11 +216,14 @@ impl Fill {
         let targets: Vec<(u32, u32)> = picks.iter().map(|&(_, fill, slot)| (fill, slot)).collect();
         // SAFETY: `claim` checked that every pick's fill is one of `fills` and its slot is
         // below `B` and was free, and it marked each taken, so no two rows name one slot.
-        // Every column of a fill has room for `B` slots of its width (checked above: the
-        // transformer's widths), and `fills` are borrowed mutably, so nothing else reads
-        // or writes them while the transformer writes.
+        // Every column of a fill has room for `B` slots of its width (checked just above),
+        // which is the featurized column's (checked first), and `fills` are borrowed
+        // mutably, so nothing else reads or writes them while the rows are written.
         let to = unsafe { RowTargets::new(&bases, &targets) };
-        transformer.apply_into(batch, &to).map_err(|e| {
+        // A panic while writing leaves the slots claimed and partly written: harmless, as
+        // the owner is never told of these rows, so it never lets their steps out (and the
+        // worker's panic ends the job).
+        featurized.write_into(&to).map_err(|e| {
             unclaim(fills, picks);
             Error::from(e)
         })
@@ -265,7 +260,8 @@ impl Fill {
 impl Column {
     fn finish(mut self, data_type: &DataType, real: usize) -> Result<ArrayRef> {
         // SAFETY: `Fill::finish` checked that slots `0..real` were all written, each of
-        // `row_bytes` bytes by `Fill::put_many`, and the buffer has room for them.
+        // `row_bytes` bytes by `Fill::put_many` or `Fill::write_many`, and the buffer has
+        // room for them.
         unsafe { self.values.set_len(real * self.row_bytes) };
         let values = recycle::freeze(self.values);
         let nulls = self
@@ -531,6 +527,63 @@ mod tests {
                     let want = source.slice(row as usize, 1);
                     assert_eq!(got.slice(slot as usize, 1), want, "step {s} slot {slot}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn writes_featurized_rows_into_steps_and_refuses_what_put_refuses() {
+        use std::sync::Arc;
+
+        use arrow::array::{Float64Array, UInt64Array};
+        use hydrant_operators::{FeatureGroup, FeaturePlan, FittedState, GroupKind, Step};
+        let input = RecordBatch::try_from_iter([
+            (
+                "row_id",
+                Arc::new(UInt64Array::from_iter_values(0..12)) as ArrayRef,
+            ),
+            (
+                "x",
+                Arc::new(Float64Array::from_iter_values((0..12).map(f64::from))),
+            ),
+        ])
+        .unwrap();
+        let groups = [FeatureGroup::new(
+            "d",
+            GroupKind::Dense,
+            &["x"],
+            vec![Step::Log1p],
+        )];
+        let plan = FeaturePlan::compile("p", &groups, None, &input.schema()).unwrap();
+        let mut t = plan.transformer(&FittedState::empty("p")).unwrap();
+        let want = t.apply(&input).unwrap();
+        let schema = plan.output_schema();
+        let featurized = t.featurize_rows(&input).unwrap();
+        // Row r into step r % 2, slots descending.
+        let picks: Vec<Pick> = (0..12).map(|r| (r, r % 2, 5 - r / 2)).collect();
+        let mut steps: Vec<Fill> = (0..2).map(|_| Fill::new(&schema, 6)).collect();
+        let mut twice = picks.clone();
+        twice[3].2 = twice[1].2;
+        let mut past = picks.clone();
+        past[11].1 = 2;
+        let mut swapped = picks.clone();
+        swapped.swap(4, 5);
+        for bad in [twice, past, swapped, picks[..11].to_vec()] {
+            let mut fills: Vec<&mut Fill> = steps.iter_mut().collect();
+            assert!(Fill::write_many(&mut fills, &featurized, &bad).is_err());
+            assert!(fills.iter().all(|f| f.rows() == 0), "{bad:?}");
+        }
+        let ids = Schema::new(vec![Field::new("row_id", DataType::UInt64, false)]);
+        let mut other = [Fill::new(&schema, 6), Fill::new(&ids, 6)];
+        let mut fills: Vec<&mut Fill> = other.iter_mut().collect();
+        assert!(Fill::write_many(&mut fills, &featurized, &picks).is_err());
+        let mut fills: Vec<&mut Fill> = steps.iter_mut().collect();
+        Fill::write_many(&mut fills, &featurized, &picks).unwrap();
+        for (s, fill) in steps.into_iter().enumerate() {
+            let got = fill.finish(&schema, 6).unwrap();
+            for &(row, _, slot) in picks.iter().filter(|p| p.1 as usize == s) {
+                let want = want.slice(row as usize, 1);
+                assert_eq!(got.slice(slot as usize, 1), want, "step {s} slot {slot}");
             }
         }
     }

@@ -14,8 +14,9 @@ use timely::dataflow::{Stream, StreamVec};
 use hydrant_operators::{Batch, ErrorSlot, ROW_ID, Transformer};
 
 use super::Delivery;
-use super::arena::Arena;
+use super::arena::{Arena, RankCounts};
 use super::assemble::step_runs;
+use super::fill::Pick;
 use super::piece::{Piece, split, split_at, strided_picks};
 use super::placement::Placement;
 use super::plan::Ownership;
@@ -80,29 +81,9 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                                 &mut picks,
                             )
                         {
-                            // Rows left out (a resumed epoch's first steps) are featurized
-                            // too, and so need a batch of their own.
-                            let put = if picks.len() == b.data.num_rows() {
-                                let _running = hydrant_operators::running::enter("featurize");
-                                let t = &mut transformer;
-                                arena.featurize_picks(epoch, t, &b.data, &steps, &mut picks)
-                            } else {
-                                match featurize(&mut transformer, &b.data, &errors) {
-                                    Some(data) => arena.put_picks(epoch, &data, &steps, &mut picks),
-                                    None => continue,
-                                }
-                            };
-                            match put {
-                                Ok(by_rank) => {
-                                    for (rank, counts) in by_rank {
-                                        let schema = schema.clone();
-                                        session.give(Piece::filled(epoch, rank, counts, schema));
-                                    }
-                                }
-                                Err(e @ crate::error::Error::Op(_)) => {
-                                    return errors.set("featurize", e);
-                                }
-                                Err(e) => return errors.set("place", e),
+                            let put = (&**arena, &mut transformer, &steps[..], &mut picks[..]);
+                            for (rank, counts) in into_arena(put, epoch, &b.data, &errors) {
+                                session.give(Piece::filled(epoch, rank, counts, schema.clone()));
                             }
                             continue;
                         }
@@ -154,6 +135,40 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                 });
             }
         })
+    }
+}
+
+/// Featurizes `batch` (of `epoch`), a batch of rows of strided windows of this process's
+/// ranks, into the arena's steps that `steps` and `picks` name (see [`strided_picks`]);
+/// returns the rows put into each step of each rank (none if it failed, the error in
+/// `errors`).
+fn into_arena(
+    (arena, transformer, steps, picks): (&Arena, &mut Transformer, &[(u64, usize)], &mut [Pick]),
+    epoch: u64,
+    batch: &RecordBatch,
+    errors: &ErrorSlot,
+) -> Vec<RankCounts> {
+    let put = if picks.len() == batch.num_rows() {
+        let _running = hydrant_operators::running::enter("featurize");
+        arena.featurize_picks(epoch, transformer, batch, steps, picks)
+    } else {
+        // Rows left out (a resumed epoch's first steps) are featurized too, so the batch
+        // is featurized whole and the rows delivered copied from it.
+        match featurize(transformer, batch, errors) {
+            Some(data) => arena.put_picks(epoch, &data, steps, picks),
+            None => return Vec::new(),
+        }
+    };
+    match put {
+        Ok(by_rank) => by_rank,
+        Err(e @ crate::error::Error::Op(_)) => {
+            errors.set("featurize", e);
+            Vec::new()
+        }
+        Err(e) => {
+            errors.set("place", e);
+            Vec::new()
+        }
     }
 }
 

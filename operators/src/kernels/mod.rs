@@ -4,6 +4,7 @@
 pub mod categorical;
 pub mod log1p;
 pub mod numeric;
+pub mod rows;
 mod table;
 
 /// Asks the CPU to bring `value`'s cache lines in; a hint, with no effect on results.

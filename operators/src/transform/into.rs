@@ -1,33 +1,36 @@
-//! Featurizing straight into rows of buffers that are not a batch of their own
-//! ([`Transformer::apply_into`]): a shuffled step's slots.
+//! Featurizing into rows of buffers that are not a batch of their own: a shuffled step's
+//! slots. [`Transformer::featurize_rows`] makes a batch's columns in buffers the
+//! transformer keeps; [`Featurized::write_into`] then writes each row into its slot.
 //!
 //! A shuffled step draws its rows from many batches, so it cannot be a slice of one
-//! featurized batch the way an in-order step is. Featurized first, every row was then
-//! copied into its step, and the featurized batch — fresh memory each time — was faulted
+//! featurized batch the way an in-order step is. Featurized into a batch first, every row
+//! was then copied into its step, and the batch — fresh memory each time — was faulted
 //! in, zeroed, written, read back and freed: on 1M Criteo rows the copy alone was ~13% of
 //! a shuffled run's CPU, and the fresh batches most of the page faults it added.
 //!
-//! Here a group's tensor is made in a buffer the transformer keeps (so it stays in cache
-//! and is never faulted in again), and its rows go from there to their slots, gathered a
-//! run of consecutive slots at a time and written with streaming stores ([`write_rows`]).
-//! Writing each id column's values straight into the slots, one column after another,
-//! was slower (10M Criteo rows: +29% CPU over in order, against +24%): every column
-//! touched every row's cache lines in memory a step's slots leave cold.
+//! Here a group's tensor is made in a buffer the transformer keeps (so it is never faulted
+//! in again and is still in cache when it is written out), and its rows go from there to
+//! their slots, gathered a run of consecutive slots at a time and written with streaming
+//! stores ([`write_rows`]). Writing each id column's values straight into the slots, one
+//! column after another, was slower (10M Criteo rows: +29% CPU over in order, against
+//! +24%): every column touched every row's cache lines in memory a step's slots leave
+//! cold. Making the columns apart from writing them also lets a caller featurize before it
+//! takes the locks that the slots' buffers need.
 
-use arrow::array::{Array, AsArray, RecordBatch, UInt64Array};
+use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::buffer::Buffer;
 use arrow::compute::cast;
-use arrow::datatypes::DataType;
-use arrow::datatypes::ToByteSlice;
+use arrow::datatypes::{DataType, ToByteSlice};
 
 use super::{Bound, Transformer, check_label, dense_values, ids_values, tensor_column};
 use crate::bind::column;
 use crate::error::{OpError, Result};
 use crate::group::GroupKind;
+use crate::kernels::rows::{gather, store_fence, stream_out};
 use crate::plan::ROW_ID;
 
-/// Where [`Transformer::apply_into`] writes each featurized row: row `i` of a batch goes to
-/// slot `rows[i].1` of target `rows[i].0`, and column `c` of target `t` (the plan's output
+/// Where [`Featurized::write_into`] writes each row: row `i` of a batch goes to slot
+/// `rows[i].1` of target `rows[i].0`, and column `c` of target `t` (the plan's output
 /// columns, in order) starts at `bases[c][t]`, a slot of it taking [`row_bytes`] of the
 /// column's type.
 #[derive(Debug)]
@@ -85,12 +88,44 @@ pub fn value_bytes(array: &dyn Array, row_bytes: usize) -> Option<Buffer> {
     Some(buffer.slice_with_length(start, len))
 }
 
+/// A group's tensor, kept by the transformer from batch to batch: a dense group's or an
+/// ids group's.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Kept {
+    dense: Vec<f32>,
+    ids: Vec<i64>,
+}
+
+/// A batch's featurized columns, each as rows of bytes, ready to be written into rows
+/// elsewhere ([`Featurized::write_into`]): the batch's own buffers where a column passes
+/// through (row ids, labels, ready tensors), the transformer's kept buffers for the groups
+/// it computes.
+#[derive(Debug)]
+pub struct Featurized<'t> {
+    rows: usize,
+    /// Each output column's bytes and bytes a row.
+    columns: Vec<(Bytes<'t>, usize)>,
+}
+
+#[derive(Debug)]
+enum Bytes<'t> {
+    Shared(Buffer),
+    Kept(&'t [u8]),
+}
+
+impl Bytes<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Shared(b) => b.as_slice(),
+            Bytes::Kept(k) => k,
+        }
+    }
+}
+
 impl Transformer {
-    /// Featurizes `batch` as [`Transformer::apply`] does, writing row `i`'s values into
-    /// its slot of `to` instead of into a new batch. Every slot of every row is written
-    /// (no nulls: every output column is non-null), unless it fails: then some may be, and
-    /// none should be read.
-    pub fn apply_into(&mut self, batch: &RecordBatch, to: &RowTargets<'_>) -> Result<()> {
+    /// Featurizes `batch` as [`Transformer::apply`] does, failing where it fails, into
+    /// buffers this transformer keeps (see [`Featurized`]) rather than a new batch.
+    pub fn featurize_rows(&mut self, batch: &RecordBatch) -> Result<Featurized<'_>> {
         let rows = batch.num_rows();
         let schema = self.plan.output_schema();
         let widths = schema
@@ -99,81 +134,112 @@ impl Transformer {
             .map(|f| row_bytes(f.data_type()))
             .collect::<Option<Vec<usize>>>()
             .ok_or_else(|| OpError::Schema("an output column is not of fixed width".into()))?;
-        let targets = to.rows.iter().map(|&(t, _)| t as usize + 1).max();
-        if to.rows.len() != rows
-            || to.bases.len() != widths.len()
-            || to.bases.iter().any(|b| b.len() < targets.unwrap_or(0))
-        {
-            return Err(OpError::Schema(format!(
-                "{rows} rows were given {} targets of {} columns, for {} output columns",
-                to.rows.len(),
-                to.bases.len(),
-                widths.len()
-            )));
-        }
         let row_id = batch
             .column_by_name(ROW_ID)
-            .filter(|c| c.data_type() == &DataType::UInt64)
-            .ok_or_else(|| OpError::Schema(format!("no UInt64 `{ROW_ID}` column")))?;
-        let row_ids: &UInt64Array = row_id.as_primitive();
-        let runs = to.runs();
-        write_rows(
-            to,
-            &runs,
-            0,
-            widths[0],
-            row_ids.values()[..].to_byte_slice(),
-        );
-        let mut at = 1;
+            .filter(|c| c.data_type() == &DataType::UInt64 && c.null_count() == 0)
+            .ok_or_else(|| OpError::Schema(format!("no non-null UInt64 `{ROW_ID}` column")))?;
+        let row_ids = row_id.as_primitive::<arrow::datatypes::UInt64Type>();
+        let mut shared = vec![value_bytes(row_id.as_ref(), widths[0])];
         if let Some(label) = &self.plan.label {
             let values = cast(
                 column(batch, "label", &label.column)?,
                 &label.dtype.data_type(),
             )?;
             check_label(&label.column, &values, |k| row_ids.value(k))?;
-            write_array(to, &runs, at, widths[at], values.as_ref())?;
-            at += 1;
+            shared.push(value_bytes(values.as_ref(), widths[shared.len()]));
         }
-        for (g, cols) in self.plan.groups.iter().zip(&mut self.columns) {
-            let (width, name, n) = (g.width, &g.spec.name, widths[at]);
+        let first_group = shared.len();
+        let groups = self.plan.groups.len();
+        self.kept.resize_with(groups, Kept::default);
+        let columns = self.plan.groups.iter().zip(&mut self.columns);
+        for ((g, cols), kept) in columns.zip(&mut self.kept) {
+            let (width, name) = (g.width, &g.spec.name);
             if let [c] = cols.as_slice()
                 && matches!(c.bound, Bound::Tensor)
             {
                 let tensor = tensor_column(batch, name, &c.name, g.spec.kind)?;
-                write_array(to, &runs, at, n, tensor.as_ref())?;
-            } else if g.spec.kind == GroupKind::Dense {
-                self.dense.clear();
-                self.dense.resize(rows * width, 0.0);
-                dense_values(batch, name, cols, width, &mut self.scratch, &mut self.dense)?;
-                write_rows(to, &runs, at, n, self.dense[..].to_byte_slice());
-            } else {
-                self.ids.clear();
-                self.ids.resize(rows * width, 0);
-                ids_values(batch, name, cols, width, &mut self.scratch, &mut self.ids)?;
-                write_rows(to, &runs, at, n, self.ids[..].to_byte_slice());
+                shared.push(value_bytes(tensor.as_ref(), widths[shared.len()]));
+                continue;
             }
-            at += 1;
+            shared.push(None);
+            let scratch = &mut self.scratch;
+            match g.spec.kind {
+                GroupKind::Dense => {
+                    kept.dense.clear();
+                    kept.dense.resize(rows * width, 0.0);
+                    dense_values(batch, name, cols, width, scratch, &mut kept.dense)?;
+                }
+                GroupKind::Ids => {
+                    kept.ids.clear();
+                    kept.ids.resize(rows * width, 0);
+                    ids_values(batch, name, cols, width, scratch, &mut kept.ids)?;
+                }
+            }
         }
-        Ok(())
+        let columns = shared
+            .into_iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(c, (bytes, &n))| {
+                let group = c.checked_sub(first_group);
+                let bytes = match (bytes, group) {
+                    (Some(b), _) => Bytes::Shared(b),
+                    (None, Some(g)) => Bytes::Kept(match self.plan.groups[g].spec.kind {
+                        GroupKind::Dense => self.kept[g].dense[..].to_byte_slice(),
+                        GroupKind::Ids => self.kept[g].ids[..].to_byte_slice(),
+                    }),
+                    (None, None) => {
+                        return Err(OpError::Schema(format!(
+                            "output column {c} is not {n} bytes a row"
+                        )));
+                    }
+                };
+                match bytes.as_slice().len() == rows * n {
+                    true => Ok((bytes, n)),
+                    false => Err(OpError::Schema(format!(
+                        "output column {c} is not {n} bytes a row"
+                    ))),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Featurized { rows, columns })
     }
 }
 
-/// Writes `array`'s values (see [`value_bytes`]) into column `at`'s slots.
-fn write_array(
-    to: &RowTargets<'_>,
-    runs: &Runs,
-    at: usize,
-    n: usize,
-    array: &dyn Array,
-) -> Result<()> {
-    let bytes = value_bytes(array, n).ok_or_else(|| {
-        OpError::Schema(format!(
-            "a featurized {} column is not of fixed width",
-            array.data_type()
-        ))
-    })?;
-    write_rows(to, runs, at, n, bytes.as_slice());
-    Ok(())
+impl Featurized<'_> {
+    /// Rows in the batch.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Bytes a row of each column takes, in the plan's output order.
+    pub fn row_bytes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.columns.iter().map(|&(_, n)| n)
+    }
+
+    /// Writes each row into its slot of `to`, every column of it (no column has nulls).
+    /// Fails, writing nothing, when `to` is not for this many rows and columns.
+    pub fn write_into(&self, to: &RowTargets<'_>) -> Result<()> {
+        let targets = to.rows.iter().map(|&(t, _)| t as usize + 1).max();
+        if to.rows.len() != self.rows
+            || to.bases.len() != self.columns.len()
+            || to.bases.iter().any(|b| b.len() < targets.unwrap_or(0))
+        {
+            return Err(OpError::Schema(format!(
+                "{} rows were given {} targets of {} columns, for {} columns",
+                self.rows,
+                to.rows.len(),
+                to.bases.len(),
+                self.columns.len()
+            )));
+        }
+        let runs = to.runs();
+        for (at, (bytes, n)) in self.columns.iter().enumerate() {
+            write_rows(to, &runs, at, *n, bytes.as_slice());
+        }
+        store_fence();
+        Ok(())
+    }
 }
 
 /// The rows of a batch in the order their slots lie in memory: by target, slots
@@ -244,7 +310,7 @@ const STAGING: usize = 4096;
 /// read only when the step goes out, after its whole window, so reading their cache lines
 /// in first (what a plain store does) was traffic for nothing; written row by row in
 /// batch order, a row's lines were only partly written at a time, which streaming stores
-/// cannot do well either.
+/// cannot do well either. The caller fences ([`store_fence`]) once every column is out.
 fn write_rows(to: &RowTargets<'_>, runs: &Runs, at: usize, n: usize, src: &[u8]) {
     assert_eq!(
         src.len(),
@@ -263,10 +329,10 @@ fn write_rows(to: &RowTargets<'_>, runs: &Runs, at: usize, n: usize, src: &[u8])
             // SAFETY: as above; these are slots `slot + k·per ..` of the run.
             let dst = unsafe { dst.add(k * per * n) };
             if bytes > STAGING {
-                // A row wider than the staging buffer: copied as it is.
+                // A row wider than the staging buffer (`per` is 1): written as it is.
                 let from = &src[rows[0] as usize * n..][..n];
-                // SAFETY: as above.
-                unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), dst, n) };
+                // SAFETY: as above; `from` is in `src`, apart from every target.
+                unsafe { stream_out(dst, from) };
                 continue;
             }
             gather(src, rows, n, &mut staging[..bytes]);
@@ -274,74 +340,17 @@ fn write_rows(to: &RowTargets<'_>, runs: &Runs, at: usize, n: usize, src: &[u8])
             unsafe { stream_out(dst, &staging[..bytes]) };
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a fence has no preconditions; it orders the streaming stores above before
-    // whatever this thread does next (releasing the steps' lock).
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
-}
-
-/// Rows `rows` of `src` (`n` bytes each), one after another into `out`.
-fn gather(src: &[u8], rows: &[u32], n: usize, out: &mut [u8]) {
-    // Rows of the widths featurized columns have are moved as arrays of a known size
-    // (a few vector moves): a `memcpy` call a row cost more than the row.
-    macro_rules! fixed {
-        ($($k:literal)*) => {
-            match n {
-                $($k => {
-                    let from = src.as_chunks::<$k>().0;
-                    for (to, &r) in out.as_chunks_mut::<$k>().0.iter_mut().zip(rows) {
-                        *to = from[r as usize];
-                    }
-                })*
-                _ => {
-                    for (to, &r) in out.chunks_exact_mut(n.max(1)).zip(rows) {
-                        to.copy_from_slice(&src[r as usize * n..][..n]);
-                    }
-                }
-            }
-        };
-    }
-    fixed!(4 8 12 16 20 24 28 32 36 40 44 48 52 56 60 64 128 208 256);
-}
-
-/// Writes `src` to `dst`, with streaming stores where the target allows.
-///
-/// # Safety
-/// `src.len()` bytes from `dst` are valid for writes and overlap nothing `src` holds.
-unsafe fn stream_out(dst: *mut u8, src: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        let head = dst.align_offset(16).min(src.len());
-        let body = (src.len() - head) / 16 * 16;
-        // SAFETY: every write below stays inside `dst[..src.len()]` (the caller's
-        // promise); the streaming stores are to 16-byte aligned addresses.
-        unsafe {
-            // The ends (under 16 bytes each) byte by byte: a `memcpy` call of a length
-            // not known here cost more than they do.
-            for k in (0..head).chain(head + body..src.len()) {
-                dst.add(k).write(src[k]);
-            }
-            for k in (head..head + body).step_by(16) {
-                let v = _mm_loadu_si128(src.as_ptr().add(k).cast::<__m128i>());
-                _mm_stream_si128(dst.add(k).cast::<__m128i>(), v);
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    // SAFETY: the caller's promise.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
-    };
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{ArrayRef, Float64Array, StringArray};
+    use arrow::array::{
+        ArrayRef, FixedSizeListArray, Float32Array, Float64Array, Int64Array, StringArray,
+        UInt64Array,
+    };
+    use arrow::datatypes::{Field, Schema};
 
     use super::*;
     use crate::group::{FeatureGroup, LabelSpec, LabelType};
@@ -349,38 +358,70 @@ mod tests {
     use crate::state::FittedState;
     use crate::step::Step;
 
-    /// A batch of `n` rows with a label, two numeric columns (one with nulls) and two
-    /// string columns.
+    /// A tensor column of `n` rows of `width` values, row `i` holding `i·width..`.
+    fn tensor<T>(n: usize, width: usize, item: DataType, value: impl Fn(usize) -> T) -> ArrayRef
+    where
+        T: Into<f64>,
+    {
+        let values: ArrayRef = match item {
+            DataType::Float32 => Arc::new(Float32Array::from_iter_values(
+                (0..n * width).map(|i| value(i).into() as f32),
+            )),
+            _ => Arc::new(Int64Array::from_iter_values(
+                (0..n * width).map(|i| value(i).into() as i64),
+            )),
+        };
+        let field = Arc::new(Field::new_list_field(item, false));
+        Arc::new(FixedSizeListArray::try_new(field, width as i32, values, None).unwrap())
+    }
+
+    /// A batch of `n` rows of every kind of column a plan reads (labels, numbers with and
+    /// without nulls, strings, integers, tensors of several widths), sliced from a larger
+    /// one so that its arrays start at an offset.
     fn batch(n: usize) -> RecordBatch {
-        let x = (0..n).map(|i| (i % 7 != 3).then_some(i as f64 * 0.5 - 3.0));
+        let m = n + 5;
+        let x = (0..m).map(|i| (i % 7 != 3).then_some(i as f64 * 0.5 - 3.0));
         let s = |k: usize| {
-            (0..n)
+            (0..m)
                 .map(move |i| format!("v{}", (i * k) % 11))
                 .collect::<Vec<_>>()
         };
         RecordBatch::try_from_iter([
             (
                 "row_id",
-                Arc::new(UInt64Array::from_iter_values(100..100 + n as u64)) as ArrayRef,
+                Arc::new(UInt64Array::from_iter_values(95..95 + m as u64)) as ArrayRef,
             ),
             (
                 "y",
                 Arc::new(Float64Array::from_iter_values(
-                    (0..n).map(|i| (i % 2) as f64),
+                    (0..m).map(|i| (i % 2) as f64),
                 )),
             ),
             ("x", Arc::new(Float64Array::from_iter(x))),
             (
                 "z",
-                Arc::new(Float64Array::from_iter_values((0..n).map(|i| i as f64))),
+                Arc::new(Float64Array::from_iter_values((0..m).map(|i| i as f64))),
             ),
             ("a", Arc::new(StringArray::from(s(3)))),
             ("b", Arc::new(StringArray::from(s(5)))),
+            (
+                "c",
+                Arc::new(Int64Array::from_iter_values((0..m as i64).map(|i| i * 3))),
+            ),
+            ("t", tensor(m, 17, DataType::Float32, |i| i as f32 * 0.25)),
+            ("u", tensor(m, 2, DataType::Float32, |i| i as f32)),
+            ("k", tensor(m, 2, DataType::Int64, |i| i as i32)),
+            (
+                "w",
+                tensor(m, 1100, DataType::Float32, |i| (i % 1000) as f32),
+            ),
         ])
         .unwrap()
+        .slice(5, n)
     }
 
-    fn transformer(batch: &RecordBatch) -> Transformer {
+    /// Dense and ids groups from numbers and strings, with a one-hot, and a float label.
+    fn computed(batch: &RecordBatch) -> Transformer {
         let groups = [
             FeatureGroup::new(
                 "dense",
@@ -401,11 +442,28 @@ mod tests {
                 vec![Step::HashBucket(5), Step::OneHot(5)],
             ),
         ];
+        transformer(batch, &groups, LabelType::Float32)
+    }
+
+    /// Ready tensors: passed through alone (17 floats; 1,100 floats, wider than the staging
+    /// buffer), two in one dense group, and one beside an integer column in an ids group;
+    /// an integer label.
+    fn passed(batch: &RecordBatch) -> Transformer {
+        let groups = [
+            FeatureGroup::new("t", GroupKind::Dense, &["t"], vec![]),
+            FeatureGroup::new("w", GroupKind::Dense, &["w"], vec![]),
+            FeatureGroup::new("tu", GroupKind::Dense, &["t", "u"], vec![]),
+            FeatureGroup::new("kc", GroupKind::Ids, &["k", "c"], vec![]),
+        ];
+        transformer(batch, &groups, LabelType::Int64)
+    }
+
+    fn transformer(batch: &RecordBatch, groups: &[FeatureGroup], label: LabelType) -> Transformer {
         let label = LabelSpec {
             column: "y".into(),
-            dtype: LabelType::Float32,
+            dtype: label,
         };
-        let plan = FeaturePlan::compile("p", &groups, Some(&label), &batch.schema()).unwrap();
+        let plan = FeaturePlan::compile("p", groups, Some(&label), &batch.schema()).unwrap();
         plan.transformer(&FittedState::empty("p")).unwrap()
     }
 
@@ -415,19 +473,14 @@ mod tests {
     /// Rows in slots descending, one target after another (sorted into runs).
     const DESCENDING: Place = |i, n| (i % 3, (n - 1 - i) / 3);
     /// As a shuffled batch's rows go into its steps: each target's slots ascend, in runs
-    /// with a gap between (slot 2 of every 5 left alone).
+    /// with a gap between (slot 2 of every 3 left alone).
     const STRIDED: Place = |i, _| (i % 3, i / 3 + i / 3 / 2);
-
-    /// The slots each target needs for `n` rows placed by `place`.
-    fn slots(n: usize, place: Place) -> usize {
-        (0..n).map(|i| place(i, n).1 + 1).max().unwrap_or(0)
-    }
 
     /// `batch` featurized into 3 targets as `place` says, in buffers of `0xAB`; returns
     /// the buffers, `[column][target]`.
     fn write(t: &mut Transformer, batch: &RecordBatch, place: Place) -> Result<Vec<Vec<Vec<u8>>>> {
         let n = batch.num_rows();
-        let slots = slots(n, place);
+        let slots = (0..n).map(|i| place(i, n).1 + 1).max().unwrap_or(0);
         let widths: Vec<usize> = t
             .plan()
             .output_schema()
@@ -448,11 +501,13 @@ mod tests {
             .map(|i| place(i, n))
             .map(|(t, s)| (t as u32, s as u32))
             .collect();
+        let featurized = t.featurize_rows(batch)?;
+        assert!(featurized.row_bytes().eq(widths.iter().copied()));
         // SAFETY: every slot is inside its buffer (`slots` is past every row's), the
         // buffers are borrowed by nothing else, and rows name distinct (target, slot)
         // pairs.
         let to = unsafe { RowTargets::new(&bases, &rows) };
-        t.apply_into(batch, &to)?;
+        featurized.write_into(&to)?;
         Ok(buffers
             .into_iter()
             .map(|c| c.into_iter().map(|b| b[1..].to_vec()).collect())
@@ -461,12 +516,14 @@ mod tests {
 
     #[test]
     fn writes_each_row_where_apply_puts_it_and_nothing_else() {
-        for (n, place) in [1, 5, 700, 1500]
-            .into_iter()
-            .flat_map(|n| [(n, DESCENDING), (n, STRIDED)])
-        {
+        let makers: [fn(&RecordBatch) -> Transformer; 2] = [computed, passed];
+        for (maker, n, place) in makers.into_iter().flat_map(|m| {
+            [0, 1, 5, 700, 1500]
+                .into_iter()
+                .flat_map(move |n| [(m, n, DESCENDING), (m, n, STRIDED)])
+        }) {
             let input = batch(n);
-            let mut t = transformer(&input);
+            let mut t = maker(&input);
             let want = t.apply(&input).unwrap();
             let got = write(&mut t, &input, place).unwrap();
             for (c, column) in want.columns().iter().enumerate() {
@@ -489,26 +546,35 @@ mod tests {
     }
 
     #[test]
-    fn refuses_targets_of_another_shape_and_bad_labels() {
+    fn refuses_targets_of_another_shape_and_rows_apply_refuses() {
         let input = batch(30);
-        let mut t = transformer(&input);
+        let mut t = computed(&input);
+        let featurized = t.featurize_rows(&input).unwrap();
         let bases: Vec<Vec<*mut u8>> = vec![vec![]];
-        let rows = vec![(0, 0); 30];
+        let rows: Vec<(u32, u32)> = (0..30).map(|i| (0, i)).collect();
         // SAFETY: nothing is written: the shape is refused first.
         let to = unsafe { RowTargets::new(&bases, &rows) };
-        assert!(t.apply_into(&input, &to).is_err());
-        let mut bad = input.columns().to_vec();
-        bad[1] = Arc::new(Float64Array::from_iter(
+        assert!(featurized.write_into(&to).is_err());
+        let nullable = |input: &RecordBatch, column: usize, bad: ArrayRef| {
+            let schema = input.schema();
+            let fields = schema
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true));
+            let schema = Arc::new(Schema::new(fields.collect::<Vec<_>>()));
+            let mut columns = input.columns().to_vec();
+            columns[column] = bad;
+            RecordBatch::try_new(schema, columns).unwrap()
+        };
+        let label = Arc::new(Float64Array::from_iter(
             (0..30).map(|i| (i != 4).then_some(1.0)),
         ));
-        let schema = input.schema();
-        let fields = schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true));
-        let schema = Arc::new(arrow::datatypes::Schema::new(fields.collect::<Vec<_>>()));
-        let bad = RecordBatch::try_new(schema, bad).unwrap();
-        let err = write(&mut t, &bad, STRIDED).unwrap_err().to_string();
-        assert!(err.contains("is null at row_id 104"), "{err}");
+        let err = write(&mut t, &nullable(&input, 1, label), STRIDED).unwrap_err();
+        assert!(err.to_string().contains("is null at row_id 104"), "{err}");
+        let ids = Arc::new(UInt64Array::from_iter(
+            (0..30).map(|i| (i != 7).then_some(i)),
+        ));
+        let err = write(&mut t, &nullable(&input, 0, ids), STRIDED).unwrap_err();
+        assert!(err.to_string().contains("row_id"), "{err}");
     }
 }
