@@ -75,7 +75,8 @@ fn remote_ranks_get_the_same_batches_as_in_process_ranks() {
         ranks: 2,
         batch_size: 1000,
         seed: 5,
-        shuffle: Some(65_536),
+        // The window `--shuffle` takes when none is given.
+        shuffle: Some(hydrant::Placement::default_window(1000)),
         ..RunOptions::default()
     };
     let local = Pipeline::from_files(&criteo_toml(), &[data], Some(&state), options)

@@ -44,14 +44,20 @@ use super::permute::{Permutation, mix, shuffle};
 use super::window::WindowOrder;
 use crate::error::{Error, Result};
 
-/// The version of the order this plan produces: 6 makes each record batch of an Arrow IPC
+/// The version of the order this plan produces: 7 rounds the default shuffle window to a
+/// multiple of the batch size ([`Placement::default_window`]; 65,536 rows before), so that
+/// windows are strided whatever `B`; 6 makes each record batch of an Arrow IPC
 /// file a unit of its own (in 5 a file was one unit, so a shuffled epoch of one file never
 /// moved its batches); 5 gives each rank a contiguous share of an epoch's positions (see
 /// the module; pushed input is laid out as in 4); 4 laid positions
 /// out step-major with strided windows; 3 permuted every window whole with a
 /// multiply-shift Feistel network (2 had a splitmix round function, 1 was a sequential
 /// shuffle buffer).
-pub const ORDER_VERSION: u32 = 6;
+pub const ORDER_VERSION: u32 = 7;
+
+/// About how many rows a shuffle window holds unless asked otherwise (see
+/// [`Placement::default_window`]).
+pub const DEFAULT_WINDOW_ROWS: u64 = 65_536;
 
 /// What happens to the rows of a last global step that is not full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -122,6 +128,18 @@ pub(crate) struct Window {
 }
 
 impl Placement {
+    /// The shuffle window used when none is given: the multiple of `batch_size` nearest
+    /// [`DEFAULT_WINDOW_ROWS`], and at least two batches. A multiple of `B` makes every
+    /// window of a share strided, the order whose rows are featurized straight into their
+    /// steps (1M Criteo rows, `B = 1000`: +46% CPU over in order with a 65,536-row window,
+    /// +26% with 64,000); two batches at least, so that a window mixes rows across batches
+    /// (a window of one batch keeps its rows in order).
+    pub fn default_window(batch_size: usize) -> u64 {
+        let b = (batch_size as u64).max(1);
+        let batches = DEFAULT_WINDOW_ROWS.saturating_add(b / 2) / b;
+        batches.max(2).saturating_mul(b)
+    }
+
     /// Checks and makes a placement.
     pub fn new(
         world_size: usize,
@@ -405,6 +423,27 @@ impl Placement {
 mod tests {
     use super::*;
     use crate::delivery::permute::tests::chi_square_per_cell;
+
+    #[test]
+    fn the_default_window_is_a_multiple_of_b_near_65536_of_two_batches_at_least() {
+        for (b, window) in [
+            (1, 65_536),
+            (3, 65_535),
+            (1_000, 66_000),
+            (4_096, 65_536),
+            (40_000, 80_000),
+            (65_536, 131_072),
+            (100_000, 200_000),
+        ] {
+            let k = Placement::default_window(b);
+            assert_eq!(k, window, "B = {b}");
+            let placement = Placement::new(3, b, LastBatch::Pad, 7, Some(k)).unwrap();
+            assert!(
+                placement.strided(),
+                "B = {b}: the default window is not strided"
+            );
+        }
+    }
 
     /// Over the strata of Criteo-sized windows (m = 16 batches), each row of a stratum
     /// goes to each batch about equally often (a chi-square per cell near 1).

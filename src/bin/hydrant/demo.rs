@@ -51,7 +51,7 @@ pub fn demo(rows: u64, dir: &Path, step_ms: f64) -> Result<()> {
             epochs: 2,
             seed: 0,
             shuffle: true,
-            shuffle_window: 65_536,
+            shuffle_window: None,
             last_batch: "pad".into(),
             start_epoch: 0,
             start_step: 0,

@@ -176,10 +176,11 @@ struct DeliveryArgs {
     /// --shuffle-window consecutive rows (a keyed permutation per window).
     #[arg(long)]
     shuffle: bool,
-    /// Rows in a shuffle window (`--shuffle-buffer` is the old name of this option).
-    #[arg(long, alias = "shuffle-buffer", default_value_t = 65_536, requires = "shuffle",
+    /// Rows in a shuffle window (`--shuffle-buffer` is the old name of this option)
+    /// [default: the multiple of --batch-size nearest 65,536, and at least two batches]
+    #[arg(long, alias = "shuffle-buffer", requires = "shuffle",
           value_parser = int_in(1u64, 1 << 40))]
-    shuffle_window: u64,
+    shuffle_window: Option<u64>,
     /// A last step that is not full: `pad` (marked padding rows) or `drop`.
     #[arg(long, default_value = "pad")]
     last_batch: String,
@@ -214,7 +215,10 @@ impl DeliveryArgs {
             batch_size: self.batch_size,
             epochs: self.epochs,
             seed: self.seed,
-            shuffle: self.shuffle.then_some(self.shuffle_window),
+            shuffle: self.shuffle.then(|| {
+                let default = || hydrant::Placement::default_window(self.batch_size);
+                self.shuffle_window.unwrap_or_else(default)
+            }),
             last_batch: self.last_batch.parse::<LastBatch>()?,
             start_epoch: self.start_epoch,
             start_step: self.start_step,
