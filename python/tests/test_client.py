@@ -191,7 +191,10 @@ def test_metrics_are_exported_for_prometheus(serve):
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     steps = -(-ROWS // 10000)
     assert f'hydrant_rank_batches_total{{rank="0"}} {steps}' in text
-    assert f'hydrant_rows_out_total{{stage="sink"}} {ROWS}' in text
+    # Named in full on failure: pytest cuts the exported text short (CI once failed here
+    # without saying what the line said).
+    rows_out = [line for line in text.splitlines() if line.startswith("hydrant_rows_out_total")]
+    assert rows_out == [f'hydrant_rows_out_total{{stage="sink"}} {ROWS}'], rows_out
     assert "hydrant_rank_stall_seconds_total" in text and "hydrant_rank_queue_depth" in text
 
 
