@@ -26,17 +26,8 @@ fn deliver(
     let out = dir.join(name);
     let sink = format!("parquet:{}", out.display());
     let toml = criteo_toml();
-    let mut args = vec![
-        "run",
-        "--pipeline",
-        toml.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--state",
-        state.to_str().unwrap(),
-        "--sink",
-        &sink,
-    ];
+    let state = ["--state", state.to_str().unwrap(), "--sink", &sink];
+    let mut args = run_of(&toml, input, &state);
     args.extend_from_slice(extra);
     let summary = hydrant_ok(&args);
     (summary, read_placed(&out))

@@ -24,6 +24,7 @@ use super::gather::AHEAD;
 use crate::error::{Error, Result};
 use crate::recycle;
 use hydrant_operators::kernels::prefetch;
+use hydrant_operators::kernels::rows::store_fence;
 use hydrant_operators::{Featurized, RowTargets, row_bytes, value_bytes};
 
 /// One step's rows, filled slot by slot.
@@ -380,7 +381,7 @@ fn copy_fixed<const N: usize>(src: &[u8], dsts: &[*mut u8], picks: &[Pick]) {
 /// or writes while this runs, and every `dsts[fill]` is 16-byte aligned.
 #[cfg(target_arch = "x86_64")]
 unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dsts: &[*mut u8], picks: &[Pick]) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
     for (k, &(row, fill, slot)) in picks.iter().enumerate() {
         prefetch_ahead(rows, picks, k);
         let from = rows[row as usize].as_ptr();
@@ -397,8 +398,7 @@ unsafe fn stream_rows<const N: usize>(rows: &[[u8; N]], dsts: &[*mut u8], picks:
     }
     // Streamed stores are weakly ordered: they must be visible before the step is handed
     // to another thread.
-    // SAFETY: SSE2 is part of x86_64.
-    unsafe { _mm_sfence() };
+    store_fence();
 }
 
 /// Prefetches the source row of the pick [`AHEAD`] after the `k`-th. Picks ascend by row
@@ -427,7 +427,8 @@ fn copy_any(src: &[u8], dsts: &[*mut u8], picks: &[Pick], n: usize) {
     }
 }
 
-/// Bytes a row of `data_type` takes, if it is of fixed width.
+/// A fixed-width column's rows as bytes, `row_bytes` a row, and its nulls; `None` for
+/// another layout (or null items in a list, which a row copy would lose).
 fn source(array: &dyn Array, row_bytes: usize) -> Option<(Buffer, Option<NullBuffer>)> {
     let values = value_bytes(array, row_bytes)?;
     Some((values, array.nulls().cloned()))

@@ -81,8 +81,10 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                                 &mut picks,
                             )
                         {
-                            let put = (&**arena, &mut transformer, &steps[..], &mut picks[..]);
-                            for (rank, counts) in into_arena(put, epoch, &b.data, &errors) {
+                            let t = &mut transformer;
+                            let put =
+                                into_arena(arena, t, &steps, &mut picks, epoch, &b.data, &errors);
+                            for (rank, counts) in put {
                                 session.give(Piece::filled(epoch, rank, counts, schema.clone()));
                             }
                             continue;
@@ -143,7 +145,10 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
 /// returns the rows put into each step of each rank (none if it failed, the error in
 /// `errors`).
 fn into_arena(
-    (arena, transformer, steps, picks): (&Arena, &mut Transformer, &[(u64, usize)], &mut [Pick]),
+    arena: &Arena,
+    transformer: &mut Transformer,
+    steps: &[(u64, usize)],
+    picks: &mut [Pick],
     epoch: u64,
     batch: &RecordBatch,
     errors: &ErrorSlot,

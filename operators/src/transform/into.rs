@@ -107,6 +107,26 @@ pub struct Featurized<'t> {
     columns: Vec<(Bytes<'t>, usize)>,
 }
 
+/// Where an output column of a batch being featurized is: the batch's own buffer, or
+/// group `g`'s kept tensor.
+enum Made {
+    Shared(Buffer),
+    Kept(usize),
+}
+
+impl Made {
+    /// `array`'s values as rows of `n` bytes (see [`value_bytes`]).
+    fn shared(array: &dyn Array, n: usize) -> Result<Made> {
+        let bytes = value_bytes(array, n).ok_or_else(|| {
+            OpError::Schema(format!(
+                "a featurized {} column is not {n} bytes a row",
+                array.data_type()
+            ))
+        })?;
+        Ok(Made::Shared(bytes))
+    }
+}
+
 #[derive(Debug)]
 enum Bytes<'t> {
     Shared(Buffer),
@@ -139,29 +159,27 @@ impl Transformer {
             .filter(|c| c.data_type() == &DataType::UInt64 && c.null_count() == 0)
             .ok_or_else(|| OpError::Schema(format!("no non-null UInt64 `{ROW_ID}` column")))?;
         let row_ids = row_id.as_primitive::<arrow::datatypes::UInt64Type>();
-        let mut shared = vec![value_bytes(row_id.as_ref(), widths[0])];
+        let mut made = vec![Made::shared(row_id.as_ref(), widths[0])?];
         if let Some(label) = &self.plan.label {
             let values = cast(
                 column(batch, "label", &label.column)?,
                 &label.dtype.data_type(),
             )?;
             check_label(&label.column, &values, |k| row_ids.value(k))?;
-            shared.push(value_bytes(values.as_ref(), widths[shared.len()]));
+            made.push(Made::shared(values.as_ref(), widths[made.len()])?);
         }
-        let first_group = shared.len();
-        let groups = self.plan.groups.len();
-        self.kept.resize_with(groups, Kept::default);
+        self.kept.resize_with(self.plan.groups.len(), Kept::default);
         let columns = self.plan.groups.iter().zip(&mut self.columns);
-        for ((g, cols), kept) in columns.zip(&mut self.kept) {
+        for (k, ((g, cols), kept)) in columns.zip(&mut self.kept).enumerate() {
             let (width, name) = (g.width, &g.spec.name);
             if let [c] = cols.as_slice()
                 && matches!(c.bound, Bound::Tensor)
             {
                 let tensor = tensor_column(batch, name, &c.name, g.spec.kind)?;
-                shared.push(value_bytes(tensor.as_ref(), widths[shared.len()]));
+                made.push(Made::shared(tensor.as_ref(), widths[made.len()])?);
                 continue;
             }
-            shared.push(None);
+            made.push(Made::Kept(k));
             let scratch = &mut self.scratch;
             match g.spec.kind {
                 GroupKind::Dense => {
@@ -176,32 +194,20 @@ impl Transformer {
                 }
             }
         }
-        let columns = shared
+        let columns = made
             .into_iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(c, (bytes, &n))| {
-                let group = c.checked_sub(first_group);
-                let bytes = match (bytes, group) {
-                    (Some(b), _) => Bytes::Shared(b),
-                    (None, Some(g)) => Bytes::Kept(match self.plan.groups[g].spec.kind {
+            .zip(widths)
+            .map(|(m, n)| {
+                let bytes = match m {
+                    Made::Shared(b) => Bytes::Shared(b),
+                    Made::Kept(g) => Bytes::Kept(match self.plan.groups[g].spec.kind {
                         GroupKind::Dense => self.kept[g].dense[..].to_byte_slice(),
                         GroupKind::Ids => self.kept[g].ids[..].to_byte_slice(),
                     }),
-                    (None, None) => {
-                        return Err(OpError::Schema(format!(
-                            "output column {c} is not {n} bytes a row"
-                        )));
-                    }
                 };
-                match bytes.as_slice().len() == rows * n {
-                    true => Ok((bytes, n)),
-                    false => Err(OpError::Schema(format!(
-                        "output column {c} is not {n} bytes a row"
-                    ))),
-                }
+                (bytes, n)
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect();
         Ok(Featurized { rows, columns })
     }
 }
