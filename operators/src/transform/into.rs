@@ -188,7 +188,9 @@ impl Transformer {
                     dense_values(batch, name, cols, width, scratch, &mut kept.dense)?;
                 }
                 GroupKind::Ids => {
-                    kept.ids.clear();
+                    // Every column of an ids group writes its slots of every row (an index
+                    // or a ready tensor; no one-hot), so what the last batch left here is
+                    // overwritten and needs no zeroing first.
                     kept.ids.resize(rows * width, 0);
                     ids_values(batch, name, cols, width, scratch, &mut kept.ids)?;
                 }
@@ -531,6 +533,8 @@ mod tests {
             let input = batch(n);
             let mut t = maker(&input);
             let want = t.apply(&input).unwrap();
+            // Rows of other values first: the kept tensors hold them when `input` comes.
+            t.featurize_rows(&batch(n + 40).slice(40, n)).unwrap();
             let got = write(&mut t, &input, place).unwrap();
             for (c, column) in want.columns().iter().enumerate() {
                 let w = row_bytes(column.data_type()).unwrap();
