@@ -30,7 +30,8 @@ use crate::idle::{FirstWords, GREETING_TIMEOUT};
 const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
 use crate::ticket::Ticket;
 
-/// Each batch message's `app_metadata` (JSON).
+/// Each batch message's `app_metadata` (JSON): the step's, on every message of a step
+/// that spans several.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchMeta {
     /// Epoch.
@@ -39,7 +40,8 @@ pub struct BatchMeta {
     pub step: u64,
     /// Rank.
     pub rank: u32,
-    /// Rows in the batch, padding included.
+    /// Rows in the step, padding included (the whole step's, also on a message that
+    /// holds part of it).
     pub rows: u64,
     /// Padding rows at its end.
     pub padded_rows: u64,
@@ -50,7 +52,8 @@ pub struct BatchMeta {
     /// shuffle windows holding them when shuffled. Absent for file epochs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub positions: Option<[u64; 2]>,
-    /// Set on the epoch's last message: a clean end without it is a cut, not completion.
+    /// Set on the epoch's last step (on each of its messages, when it spans several): a
+    /// clean end without it is a cut, not completion.
     /// When the last step is not known in advance (pushed input, or a start past the end)
     /// the stream ends with a batch of no rows whose metadata says `rows` 0 and `last`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

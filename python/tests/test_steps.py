@@ -34,6 +34,11 @@ def test_a_step_larger_than_one_message_arrives_as_one_batch(serve):
     messages = raw_messages(s.uri, client.ticket("criteo", 0, 1))
     assert [m["step"] for _, m in messages] == [0, 0, 1, 1]
     assert all(rows < 20000 for rows, _ in messages)
+    # Each message of a step carries that step's metadata, `last` included: a client
+    # gathers `rows` rows whichever of the step's messages it reads the metadata from.
+    assert messages[0][1] == messages[1][1] and messages[2][1] == messages[3][1]
+    assert [m["rows"] for _, m in messages] == [20000] * 4
+    assert [bool(m.get("last")) for _, m in messages] == [False, False, True, True]
     got = list(client.batches("criteo", 0, 1))
     assert [b.step for b in got] == [0, 1]
     assert all(b.dense.shape == (20000, 13) and len(b.row_id) == 20000 for b in got)
