@@ -251,8 +251,8 @@ def main():
         # only rewrites BENCHMARKS.md from the last figures).
         results["machine"] = report.machine()
         results["args"] = {k: str(v) for k, v in vars(args).items()}
-        commit = report.commit()
-        results.setdefault("measured_at", {}).update({s: commit for s in args.only})
+        where = report.measured_where()
+        results.setdefault("measured_at", {}).update({s: where for s in args.only})
         results["seconds"] = round(time.time() - started)
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / "results.json").write_text(json.dumps(results, indent=1, default=str))

@@ -56,9 +56,19 @@ def installed(package):
         return "(not installed)"
 
 
+def cpu_name():
+    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                 if line.startswith("model name")), platform.processor())
+
+
+def measured_where():
+    """The commit, processor and day a section's figures come from: sections are run
+    apart, sometimes on other machines, and their figures compare only within a section."""
+    return f"{commit()} ({cpu_name()}, {datetime.date.today()})"
+
+
 def machine():
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_name()
     mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
     rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout.strip()
     at = commit()
@@ -80,7 +90,7 @@ def write(results, args, out):
         "Regenerate with `bench/run` (about half an hour here); `bench/run --smoke` is the quick "
         "check CI runs.",
         "",
-        f"**Machine:** {results.get('machine') or machine()}.",
+        f"**Machine of the last run:** {results.get('machine') or machine()}.",
         "",
         f"**Last run:** {results['args']}, {results['seconds']} s in all. Sections measured at: "
         + ", ".join(f"{s} {c}" for s, c in results.get("measured_at", {}).items()) + ".",
