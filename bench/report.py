@@ -259,6 +259,12 @@ def server_cpu(runs):
     return f"{statistics.median(cpu):.3f}" if cpu else "–"
 
 
+def first_pull(runs):
+    """The warm-up pull's GB/s (median over runs), where the runs say it."""
+    first = [r["first_pull_gb_per_s"] for r in runs if "first_pull_gb_per_s" in r]
+    return f"{statistics.median(first):.2f}" if first else "–"
+
+
 def flight_section(flight, targets):
     rows = flight["hydrant serve"][0]["rows"]
     ratios = []
@@ -268,12 +274,12 @@ def flight_section(flight, targets):
         ours = med(flight[f"hydrant serve{x}"], "median_gb_per_s")
         peer = med(flight[f"pyarrow C++ server{x}"], "median_gb_per_s")
         streams = "one stream" if not x else "four concurrent streams"
-        ratios.append(f"| ratio, {streams} | {ours / peer:.2f}x | | | |")
+        ratios.append(f"| ratio, {streams} | {ours / peer:.2f}x | | | | |")
         own = flight.get(f"pyarrow C++ server, own process{x}")
         if own:  # results from before the own-process run have none
             own = med(own, "median_gb_per_s")
             ratios.append(f"| ratio, {streams}, against the server in its own process | "
-                          f"{ours / own:.2f}x | | | |")
+                          f"{ours / own:.2f}x | | | | |")
         targets.append(f"| Flight, {streams}: hydrant serve ≥ 1.0x pyarrow's C++ server | "
                        f"{ours:.2f} vs {peer:.2f} GB/s: {ours / peer:.2f}x | "
                        f"{'yes' if ours >= peer else '**no**'} |")
@@ -281,21 +287,23 @@ def flight_section(flight, targets):
         "## Flight: pyarrow clients pulling featurized batches over loopback",
         "",
         f"{rows:,} rows of label float32, dense [13] float32, ids [26] int64 in 65,536-row "
-        "batches; bytes of those columns per second of DoGet, median of 5 pulls per run, "
-        "median over runs. hydrant: `bench/peers/hydrant_flight.py` (`hydrant serve` with a "
-        "pass-through pipeline over an Arrow IPC file of the batches, kept in memory after "
-        "the first pull with `--cache-mib` as pyarrow holds its table; each pull is the next "
-        "epoch); peer: `bench/peers/flight_pyarrow.py` (pyarrow's "
+        "batches; bytes of those columns per second of DoGet, median of 5 pulls per run "
+        "after one that warms up, median over runs. hydrant: `bench/peers/hydrant_flight.py` "
+        "(`hydrant serve` with a pass-through pipeline over an Arrow IPC file of the batches, "
+        "kept in memory after the warm-up pull with `--cache-mib` as pyarrow holds its table; "
+        "that pull reads the file, and its rate is the \"first pull\" column; each pull is "
+        "the next epoch); peer: `bench/peers/flight_pyarrow.py` (pyarrow's "
         "C++ Flight server serving them from memory). x4: four clients at once, each pulling "
         "a quarter of every batch (hydrant: one rank of four, 16,384-row batches). The peer "
         "as given runs its server in the clients' process (one gRPC runtime for both); "
         "\"own process\" runs it in a process of its own, as `hydrant serve` runs. The "
         "targets compare against the peer as given.",
         "",
-        "| server | GB/s (median) | best pull | server CPU s per pull | runs |",
-        "| --- | --- | --- | --- | --- |",
+        "| server | GB/s (median) | best pull | first pull | server CPU s per pull | runs |",
+        "| --- | --- | --- | --- | --- | --- |",
         *(f"| {name} | {med(runs, 'median_gb_per_s'):.2f} | {max(r['best_gb_per_s'] for r in runs):.2f} "
-          f"| {server_cpu(runs)} | {len(runs)} |" for name, runs in flight.items()),
+          f"| {first_pull(runs)} | {server_cpu(runs)} | {len(runs)} |"
+          for name, runs in flight.items()),
         *ratios,
         "",
     ]
