@@ -34,7 +34,7 @@ const APP_METADATA_FIELD: u32 = 3;
 const BODY_FIELD: u32 = 1000;
 /// Body pieces smaller than this (padding, short buffers) are copied in with the framing
 /// before them: each piece handed to hyper costs an HTTP/2 frame, and a `writev`, of its
-/// own. At 128 KiB rather than 64, a 8,192-row message's row ids and labels (96 KiB) are
+/// own. At 128 KiB rather than 64, an 8,192-row message's row ids and labels (96 KiB) are
 /// one write, not two: 4,162 against 3,225 writes over 4 pulls of four streams, and in 5
 /// alternated pairs 2.07 against 2.25 GB/s, the copy included.
 const COPY_BELOW: usize = 128 << 10;
