@@ -1,6 +1,8 @@
-"""The featurized batches both Flight benchmarks serve, the pull both clients make, and the
-CPU each side spends."""
+"""The featurized batches both Flight benchmarks serve, the pulls both clients make and
+time, and the CPU each side spends."""
 import os
+import statistics
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -43,3 +45,29 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_pulls(pairs_of, pulls, server_pid=None):
+    """A warm-up pull, then `pulls` timed ones, pull `i` made of `pull_all(pairs_of(i))`
+    (`i` 0 is the warm-up): the fields both Flight benchmarks print. The warm-up is not
+    counted (hydrant's reads its file; pyarrow's table is built before any pull), and its
+    rate is given apart. With `server_pid`, the CPU seconds a timed pull costs the server
+    and this process."""
+    rates, n, nbytes = [], 0, 0
+    for i in range(pulls + 1):
+        if i == 1:
+            server_cpu = cpu_seconds(server_pid) if server_pid is not None else 0.0
+            client_cpu = time.process_time()
+        t0 = time.perf_counter()
+        n, nbytes = pull_all(pairs_of(i))
+        rates.append(nbytes / (time.perf_counter() - t0))
+    first, rates = rates[0], rates[1:]
+    out = {"rows": n, "bytes": nbytes,
+           "median_gb_per_s": round(statistics.median(rates) / 1e9, 3),
+           "best_gb_per_s": round(max(rates) / 1e9, 3),
+           "pulls_gb_per_s": [round(r / 1e9, 3) for r in rates],
+           "first_pull_gb_per_s": round(first / 1e9, 3)}
+    if server_pid is not None:
+        out["server_cpu_s_per_pull"] = round((cpu_seconds(server_pid) - server_cpu) / pulls, 4)
+        out["client_cpu_s_per_pull"] = round((time.process_time() - client_cpu) / pulls, 4)
+    return out

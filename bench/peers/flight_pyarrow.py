@@ -15,16 +15,13 @@ each process's CPU seconds per pull.
 """
 import json
 import multiprocessing as mp
-import os
-import statistics
 import sys
 import threading
-import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from featurized import cpu_seconds, featurized_table, pull_all
+from featurized import featurized_table, timed_pulls
 
 rows = int(sys.argv[1]) if len(sys.argv) > 1 else 31 * 65536
 pulls = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -63,28 +60,15 @@ if __name__ == "__main__":
     else:
         server = Server(shares_of(rows, streams))
         threading.Thread(target=server.serve, daemon=True).start()
-        port, server_pid = server.port, os.getpid()
+        # In one process the server's CPU is the clients' too: not reported.
+        port, server_pid = server.port, None
     pairs = [(fl.connect(f"grpc://127.0.0.1:{port}"), fl.Ticket(str(s).encode()))
              for s in range(streams)]
-    rates, n, nbytes = [], 0, 0
     # Pull 0 warms up (connections, first allocations) and is not counted, as in
     # hydrant_flight.py, whose first pull reads its file.
-    for pull in range(pulls + 1):
-        if pull == 1:
-            server_cpu, client_cpu = cpu_seconds(server_pid), time.process_time()
-        t0 = time.perf_counter()
-        n, nbytes = pull_all(pairs)
-        rates.append(nbytes / (time.perf_counter() - t0))
-    first, rates = rates[0], rates[1:]
+    pulled = timed_pulls(lambda _: pairs, pulls, server_pid)
     out = {"peer": "pyarrow_flight" + ("_own_process" if own_process else ""),
-           "streams": streams, "rows": n, "bytes": nbytes,
-           "median_gb_per_s": round(statistics.median(rates) / 1e9, 3),
-           "best_gb_per_s": round(max(rates) / 1e9, 3),
-           "pulls_gb_per_s": [round(r / 1e9, 3) for r in rates],
-           "first_pull_gb_per_s": round(first / 1e9, 3)}
-    if own_process:
-        out["server_cpu_s_per_pull"] = round((cpu_seconds(server_pid) - server_cpu) / pulls, 4)
-        out["client_cpu_s_per_pull"] = round((time.process_time() - client_cpu) / pulls, 4)
+           "streams": streams, **pulled}
     if own_process:
         child.kill()
     else:

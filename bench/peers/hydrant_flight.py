@@ -15,16 +15,14 @@ and the JSON line gives its rate apart (`first_pull_gb_per_s`).
 """
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 import procs
-from featurized import cpu_seconds, featurized_table, pull_all
+from featurized import featurized_table, timed_pulls
 
 binary = sys.argv[1]
 rows = int(sys.argv[2]) if len(sys.argv) > 2 else 31 * 65536
@@ -57,27 +55,15 @@ server = subprocess.Popen(
 try:
     ready = json.loads(server.stdout.readline())
     clients = [fl.connect("grpc://" + ready["listening"]) for _ in range(streams)]
-    rates, n, nbytes = [], 0, 0
     # Each pull is the next epoch, as a trainer reads them: all ranks of an epoch share one
     # run (a second read of an epoch would be served as catch-up runs, one per rank).
     # Epoch 0 is the warm-up pull, which reads the file.
-    for epoch in range(pulls + 1):
-        if epoch == 1:
-            server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
-        pairs = [(c, fl.Ticket(json.dumps({"pipeline": "pass", "epoch": epoch, "rank": r,
-                                           "world_size": streams}).encode()))
-                 for r, c in enumerate(clients)]
-        t0 = time.perf_counter()
-        n, nbytes = pull_all(pairs)
-        rates.append(nbytes / (time.perf_counter() - t0))
-    cpu = {"server_cpu_s_per_pull": round((cpu_seconds(server.pid) - server_cpu) / pulls, 4),
-           "client_cpu_s_per_pull": round((time.process_time() - client_cpu) / pulls, 4)}
+    def pairs_of(epoch):
+        return [(c, fl.Ticket(json.dumps({"pipeline": "pass", "epoch": epoch, "rank": r,
+                                          "world_size": streams}).encode()))
+                for r, c in enumerate(clients)]
+    pulled = timed_pulls(pairs_of, pulls, server.pid)
 finally:
     server.terminate()
     server.wait()
-first, rates = rates[0], rates[1:]
-print(json.dumps({"peer": "hydrant_flight", "streams": streams, "rows": n, "bytes": nbytes,
-                  "median_gb_per_s": round(statistics.median(rates) / 1e9, 3),
-                  "best_gb_per_s": round(max(rates) / 1e9, 3),
-                  "pulls_gb_per_s": [round(r / 1e9, 3) for r in rates],
-                  "first_pull_gb_per_s": round(first / 1e9, 3), **cpu}))
+print(json.dumps({"peer": "hydrant_flight", "streams": streams, **pulled}))

@@ -216,8 +216,8 @@ impl DeliveryArgs {
             epochs: self.epochs,
             seed: self.seed,
             shuffle: self.shuffle.then(|| {
-                let default = || hydrant::Placement::default_window(self.batch_size);
-                self.shuffle_window.unwrap_or_else(default)
+                self.shuffle_window
+                    .unwrap_or_else(|| hydrant::Placement::default_window(self.batch_size))
             }),
             last_batch: self.last_batch.parse::<LastBatch>()?,
             start_epoch: self.start_epoch,
