@@ -15,7 +15,7 @@ use timely::worker::Worker;
 use super::dataflow::{Job, PARK};
 use crate::delivery::{Delivery, EpochPlan, Ownership, Read, rank_rows};
 use crate::error::{Error, Result};
-use crate::source::{Inputs, Unit};
+use crate::source::Inputs;
 
 /// Reads this worker's part of each epoch (see the module), stamping each batch with the
 /// time of its first row; stays within a bounded distance of the slowest owner.
@@ -147,7 +147,8 @@ impl Merge {
             };
             if opens && let Some(read) = self.pending.next() {
                 let unit = &inputs.units()[read.unit];
-                self.open.push(Reading::new(read, unit, inputs.read(unit)?));
+                self.open
+                    .push(Reading::new(read, unit.rows, inputs.read(unit)?));
                 continue;
             }
             let Some(k) = earliest else {
@@ -175,12 +176,14 @@ struct Reading {
     /// Whether the read runs to the unit's end: the unit's batches are then read to their
     /// end, so that a whole unit is cached.
     to_end: bool,
+    /// The rest of a batch cut at a step's end (see [`Reading::next`]).
+    rest: Option<Batch>,
 }
 
 impl Reading {
     fn new(
         read: Read,
-        unit: &Unit,
+        unit_rows: u64,
         batches: Box<dyn Iterator<Item = Result<Batch>> + Send>,
     ) -> Self {
         Reading {
@@ -188,7 +191,8 @@ impl Reading {
             read,
             skip: read.skip,
             left: read.rows,
-            to_end: read.skip + read.rows == unit.rows,
+            to_end: read.skip + read.rows == unit_rows,
+            rest: None,
         }
     }
 
@@ -198,21 +202,45 @@ impl Reading {
     }
 
     /// The next batch of the read's rows, with its first position; `None` at the end.
+    ///
+    /// In order, a batch that ends inside a step is cut at that step's start, and its last
+    /// rows come as a batch of their own. The owner holds a step's rows until the step is
+    /// whole; had it held the batch they came in, every batch of a unit whose rows start
+    /// inside a step (after a unit of rows not a multiple of `B`) would stay alive until
+    /// the next one came: twice the featurized batches alive at once (a 10M-row Criteo
+    /// file written in 1M-row parts peaked 10% higher than one written whole).
     fn next(&mut self, plan: &EpochPlan) -> Result<Option<(u64, Batch)>> {
         while self.left > 0 {
-            let Some(batch) = self.batches.next() else {
-                return Err(Error::Dataflow(format!(
-                    "unit {} ended {} rows short of what the plan was made for",
-                    self.read.unit, self.left
-                )));
+            let mut b = match self.rest.take() {
+                Some(rest) => rest,
+                None => match self.batches.next() {
+                    Some(batch) => batch?,
+                    None => {
+                        return Err(Error::Dataflow(format!(
+                            "unit {} ended {} rows short of what the plan was made for",
+                            self.read.unit, self.left
+                        )));
+                    }
+                },
             };
-            let mut b = batch?;
             let n = b.data.num_rows() as u64;
             if self.skip >= n {
                 self.skip -= n;
                 continue;
             }
-            let take = (n - self.skip).min(self.left);
+            let mut take = (n - self.skip).min(self.left);
+            let placement = plan.placement();
+            if !placement.shuffled() && self.read.rank.is_some() {
+                let over = (self.read.pos + take) % placement.batch_size() as u64;
+                if over > 0 && over < take {
+                    let cut = self.skip + take - over;
+                    self.rest = Some(Batch {
+                        seq: b.seq,
+                        data: b.data.slice(cut as usize, (n - cut) as usize),
+                    });
+                    take -= over;
+                }
+            }
             if take < n {
                 b.data = b.data.slice(self.skip as usize, take as usize);
             }
@@ -268,6 +296,65 @@ fn rows_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// In order, a rank's batches are cut where a step ends inside them, so that no batch
+    /// holds the start of a step it does not finish; shuffled, they are not cut. Either
+    /// way every row comes once, in order, at its position.
+    #[test]
+    fn in_order_batches_are_cut_where_a_step_ends() {
+        use arrow::array::{AsArray, RecordBatch, UInt64Array};
+        use arrow::datatypes::UInt64Type;
+
+        use crate::delivery::LastBatch;
+
+        let b = 4;
+        for window in [None, Some(8)] {
+            // A unit of 6 rows puts the next one's rows out of step with B.
+            let plan = EpochPlan::new(vec![6, 30], 1, b, LastBatch::Pad, 0, window).unwrap();
+            let mut got = Vec::new();
+            for read in plan.reads(0, 0..1, true, 0) {
+                let rows = [6, 30][read.unit];
+                let batches = (0..rows).step_by(8).map(move |at| {
+                    let n = (rows - at).min(8);
+                    let x = UInt64Array::from_iter_values(at..at + n);
+                    Ok(Batch {
+                        seq: 0,
+                        data: RecordBatch::try_from_iter([("x", std::sync::Arc::new(x) as _)])
+                            .unwrap(),
+                    })
+                });
+                let mut reading = Reading::new(read, rows, Box::new(batches));
+                while let Some((first, batch)) = reading.next(&plan).unwrap() {
+                    let x = batch.data.column(0).as_primitive::<UInt64Type>();
+                    let n = x.len() as u64;
+                    let unit_first = read.pos - read.skip;
+                    assert!(
+                        x.values()
+                            .iter()
+                            .enumerate()
+                            .all(|(k, &v)| v + unit_first == first + k as u64)
+                    );
+                    let (last_step, end_step) =
+                        ((first + n - 1) / b as u64, (first + n) / b as u64);
+                    if window.is_none() && first / b as u64 != last_step {
+                        assert_eq!(
+                            end_step,
+                            last_step + 1,
+                            "rows {first}..{} end inside a step",
+                            first + n
+                        );
+                    }
+                    got.push((first, n));
+                }
+            }
+            let ends: Vec<u64> = got.iter().map(|(f, n)| f + n).collect();
+            let starts: Vec<u64> = got.iter().skip(1).map(|(f, _)| *f).collect();
+            assert_eq!(&ends[..ends.len() - 1], &starts[..], "{window:?}: {got:?}");
+            assert_eq!((got[0].0, ends[ends.len() - 1]), (0, 36));
+            let cut = got.len() > 1 + 30usize.div_ceil(8);
+            assert_eq!(cut, window.is_none(), "{window:?}: {got:?}");
+        }
+    }
 
     /// Every read goes to exactly one worker, in time order, and a worker reads as few
     /// shares as the numbers allow.
