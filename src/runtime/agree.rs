@@ -7,22 +7,27 @@
 
 use std::hash::{Hash, Hasher};
 
+use hydrant_operators::{FeaturePlan, FittedState};
+
 use super::cluster::Cluster;
 use super::dataflow::Job;
 use super::gather::gather;
+use crate::delivery::Delivery;
 use crate::error::{Error, Result};
+use crate::source::Inputs;
 
 /// What a process runs, option by option: `(what, value)`.
-fn describe(job: &Job, cluster: &Cluster) -> Vec<(&'static str, String)> {
-    let d = &job.delivery;
+fn describe(
+    (inputs, plan, state, d): (&Inputs, &FeaturePlan, Option<&FittedState>, &Delivery),
+    cluster: &Cluster,
+) -> Vec<(&'static str, String)> {
     let p = d.plan.placement();
-    let units = job.inputs.units();
+    let units = inputs.units();
     // The units' sizes, not their paths: the same files may be mounted elsewhere on
     // another machine. `DefaultHasher::new()` hashes alike in every process of a build.
     let mut sizes = std::collections::hash_map::DefaultHasher::new();
     units.iter().for_each(|u| u.rows.hash(&mut sizes));
-    let columns: Vec<String> = job
-        .plan
+    let columns: Vec<String> = plan
         .output_schema()
         .fields()
         .iter()
@@ -41,9 +46,7 @@ fn describe(job: &Job, cluster: &Cluster) -> Vec<(&'static str, String)> {
         ),
         (
             "state",
-            job.state
-                .as_ref()
-                .map_or("fitted by the run".into(), |s| s.version.to_string()),
+            state.map_or("fitted by the run".into(), |s| s.version.to_string()),
         ),
         ("--ranks", p.world_size().to_string()),
         ("--batch-size", p.batch_size().to_string()),
@@ -66,11 +69,32 @@ fn describe(job: &Job, cluster: &Cluster) -> Vec<(&'static str, String)> {
 /// Fails, naming the first option that differs, unless every process of `cluster` runs
 /// the same `job`.
 pub(super) fn same_job(job: &Job, cluster: &Cluster) -> Result<()> {
-    let mine = describe(job, cluster);
-    let said = serde_json::to_string(&mine.iter().map(|(_, v)| v).collect::<Vec<_>>())
+    let job = (&*job.inputs, &*job.plan, job.state.as_ref(), &job.delivery);
+    agree(cluster, describe(job, cluster), String::new()).map(|_| ())
+}
+
+/// Fails as [`same_job`] does unless every process of `cluster` serves the same job (of
+/// `inputs`, `plan`, `state` and `delivery`); otherwise returns what each process says of
+/// itself (`own`: a server's location), process by process.
+pub fn same_served(
+    cluster: &Cluster,
+    (inputs, plan, state, delivery): (&Inputs, &FeaturePlan, &FittedState, &Delivery),
+    own: String,
+) -> Result<Vec<String>> {
+    let mine = describe((inputs, plan, Some(state), delivery), cluster);
+    agree(cluster, mine, own)
+}
+
+/// Tells every process `mine` and `own`; fails on the first process whose `mine` differs,
+/// else returns every process's `own`.
+fn agree(cluster: &Cluster, mine: Vec<(&'static str, String)>, own: String) -> Result<Vec<String>> {
+    let values: Vec<&String> = mine.iter().map(|(_, v)| v).collect();
+    let said = serde_json::to_string(&(own, values))
         .map_err(|e| Error::Dataflow(format!("cannot describe the job: {e}")))?;
+    let mut owns = Vec::with_capacity(cluster.processes);
     for (p, theirs) in gather(cluster, said)?.iter().enumerate() {
-        let theirs: Vec<String> = serde_json::from_str(theirs).unwrap_or_default();
+        let (their_own, theirs): (String, Vec<String>) =
+            serde_json::from_str(theirs).unwrap_or_default();
         let differs = mine
             .iter()
             .zip(theirs.iter().map(Some).chain(std::iter::repeat(None)))
@@ -83,6 +107,7 @@ pub(super) fn same_job(job: &Job, cluster: &Cluster) -> Result<()> {
                 cluster.process
             )));
         }
+        owns.push(their_own);
     }
-    Ok(())
+    Ok(owns)
 }

@@ -12,6 +12,7 @@ mod heartbeat;
 mod read;
 mod stream;
 
+pub use agree::same_served;
 pub use cluster::{Cluster, JOIN_TIMEOUT, Started};
 pub use dataflow::{Channels, Job, OpenQueue, Output, RankQueue, Report, execute};
 pub use gather::gather;

@@ -179,7 +179,10 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             }
         };
         if cluster.processes > 1 {
-            let locations = join_cluster(&cluster, location(args, local)?, &delivery, &state)?;
+            // Every process's Flight location, told through the cluster with what it
+            // serves: processes that serve other jobs would deliver garbage together.
+            let job = (&*inputs, &*plan, &state, &delivery);
+            let locations = runtime::same_served(&cluster, job, location(args, local)?)?;
             on_cluster = Some((cluster.clone(), locations));
         }
         hydrant::serve::ServedPipeline::new(
@@ -336,42 +339,6 @@ fn location(args: &ServeArgs, local: std::net::SocketAddr) -> Result<String> {
         ))),
         None => Ok(format!("{scheme}://{local}")),
     }
-}
-
-/// Every process's Flight location, by process, told through the cluster with what it
-/// serves: processes started with other ranks, batch size, shuffle, epochs, start or
-/// state would deliver garbage together, so that is an error naming the first that
-/// differs.
-fn join_cluster(
-    cluster: &runtime::Cluster,
-    location: String,
-    delivery: &hydrant::delivery::Delivery,
-    state: &hydrant::operators::FittedState,
-) -> Result<Vec<String>> {
-    let plan = format!(
-        "{:?}, {} rows, epochs {}..{} from step {}, state {}, {} workers",
-        delivery.plan.placement(),
-        delivery.plan.rows(),
-        delivery.start_epoch,
-        delivery.epochs,
-        delivery.start_step,
-        state.version,
-        cluster.workers
-    );
-    let heard = runtime::gather(cluster, format!("{location} {plan}"))?;
-    let mut locations = Vec::with_capacity(heard.len());
-    for (p, said) in heard.iter().enumerate() {
-        let (at, theirs) = said.split_once(' ').unwrap_or((said, ""));
-        if theirs != plan {
-            return Err(Error::Usage(format!(
-                "process {p} of the cluster serves another plan: {theirs} (process {} \
-                 serves {plan}); start every process with the same options",
-                cluster.process
-            )));
-        }
-        locations.push(at.to_string());
-    }
-    Ok(locations)
 }
 
 /// `90`, `90s`, `30m`, `24h` or `7d` as a duration of at least a second.
