@@ -73,9 +73,9 @@ pub(super) fn same_job(job: &Job, cluster: &Cluster) -> Result<()> {
     agree(cluster, describe(job, cluster), String::new()).map(|_| ())
 }
 
-/// Fails as [`same_job`] does unless every process of `cluster` serves the same job (of
-/// `inputs`, `plan`, `state` and `delivery`); otherwise returns what each process says of
-/// itself (`own`: a server's location), process by process.
+/// Fails, naming the first option that differs, unless every process of `cluster` serves
+/// the same job (of `inputs`, `plan`, `state` and `delivery`); otherwise returns what
+/// each process says of itself (`own`: a server's location), process by process.
 pub fn same_served(
     cluster: &Cluster,
     (inputs, plan, state, delivery): (&Inputs, &FeaturePlan, &FittedState, &Delivery),
