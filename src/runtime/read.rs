@@ -210,6 +210,7 @@ impl Reading {
     /// the next one came: twice the featurized batches alive at once (a 10M-row Criteo
     /// file written in 1M-row parts peaked 10% higher than one written whole).
     fn next(&mut self, plan: &EpochPlan) -> Result<Option<(u64, Batch)>> {
+        let placement = plan.placement();
         while self.left > 0 {
             let mut b = match self.rest.take() {
                 Some(rest) => rest,
@@ -229,7 +230,6 @@ impl Reading {
                 continue;
             }
             let mut take = (n - self.skip).min(self.left);
-            let placement = plan.placement();
             if !placement.shuffled() && self.read.rank.is_some() {
                 let over = (self.read.pos + take) % placement.batch_size() as u64;
                 if over > 0 && over < take {
@@ -247,7 +247,7 @@ impl Reading {
             let first = self.read.pos;
             (self.skip, self.left) = (0, self.left - take);
             self.read.pos += take;
-            self.read.time = plan.placement().time_of(self.read.pos, plan.rows());
+            self.read.time = placement.time_of(self.read.pos, plan.rows());
             return Ok(Some((first, b)));
         }
         if std::mem::take(&mut self.to_end)
