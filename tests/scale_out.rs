@@ -342,6 +342,71 @@ fn processes_started_differently_refuse_to_run() {
     }
 }
 
+/// A process that fails before it joins (here, process 1 is given an input that does not
+/// exist) tells the others why: they stop at once with one line naming it and its reason,
+/// not after the join's minute. Whether the others were waiting already or start a second
+/// after it failed.
+#[test]
+fn a_process_that_fails_before_joining_stops_the_others_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    let missing = dir.path().join("missing.parquet");
+    let hosts = dir.path().join("hosts");
+    let ports = [free_port(), free_port()];
+    std::fs::write(
+        &hosts,
+        format!("127.0.0.1:{}\n127.0.0.1:{}\n", ports[0], ports[1]),
+    )
+    .unwrap();
+    let start = |p: usize| {
+        let mut args: Vec<&str> = null_args(&io, &toml, &["--ranks", "2", "--workers", "1"]);
+        if p == 1 {
+            args[4] = missing.to_str().unwrap();
+        }
+        let process = p.to_string();
+        let cluster = ["--processes", "2", "--process", &process, "--hostfile"];
+        std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+            .args(args)
+            .args(cluster)
+            .arg(&hosts)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    for process_1_first in [false, true] {
+        let started = Instant::now();
+        let (process_0, process_1) = if process_1_first {
+            let one = start(1);
+            std::thread::sleep(Duration::from_secs(1));
+            (start(0), one)
+        } else {
+            let zero = start(0);
+            std::thread::sleep(Duration::from_millis(300));
+            (zero, start(1))
+        };
+        let process_0 = process_0.wait_with_output().unwrap();
+        let process_1 = process_1.wait_with_output().unwrap();
+        let took = started.elapsed();
+        let said = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).trim().to_string();
+        let (said_0, said_1) = (said(&process_0), said(&process_1));
+        assert!(!process_1.status.success() && !process_0.status.success());
+        assert_eq!(said_1.lines().count(), 1, "{said_1}");
+        assert!(said_1.contains("missing.parquet"), "{said_1}");
+        assert_eq!(said_0.lines().count(), 1, "{said_0}");
+        assert!(
+            said_0.contains("process 1 (") && said_0.contains("stopped before joining"),
+            "{said_0}"
+        );
+        assert!(said_0.contains("missing.parquet"), "{said_0}");
+        assert!(
+            took < Duration::from_secs(10),
+            "process 1 first: {process_1_first}, {took:?}"
+        );
+    }
+}
+
 /// A cluster's secret (`--cluster-secret-file`): processes that hold the same one run; a
 /// process started with another (or with none) is told at the join, with one line and
 /// without waiting out the join's minute; a secret too short is refused before anything.

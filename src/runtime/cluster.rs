@@ -22,6 +22,10 @@ pub const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often a process looks for peers while they join.
 const JOIN_POLL: Duration = Duration::from_millis(10);
 
+/// How long a process that stopped before joining keeps trying to tell its peers
+/// ([`Cluster::give_up`]): long enough for peers started a little later to listen.
+pub const GIVE_UP_WAIT: Duration = Duration::from_secs(5);
+
 /// Where the dataflow runs: threads in this process, and optionally several processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cluster {
@@ -153,6 +157,45 @@ impl Cluster {
             heartbeat: Some(heartbeat),
         })
     }
+
+    /// Tells the other processes, which may be waiting for this one to join (at start-up,
+    /// or between the jobs of one command), that it stopped and why: they end their join
+    /// at once with one line naming this process and `why`, not after [`JOIN_TIMEOUT`].
+    /// Tries each peer for at most [`GIVE_UP_WAIT`] (a peer not listening yet may still
+    /// start), and returns the peers told. Call it only where this process has not joined
+    /// the job that failed: peers that have are told by its heartbeats, and are not
+    /// listening. Nothing to do for one process.
+    pub fn give_up(&self, why: &str) -> Vec<usize> {
+        let Ok(addresses) = self.addresses() else {
+            return Vec::new();
+        };
+        if self.processes < 2 || self.process >= addresses.len() {
+            return Vec::new();
+        }
+        let key = handshake::key(self.secret.as_ref());
+        let me = self.process;
+        let mut left: Vec<usize> = (0..self.processes).filter(|&p| p != me).collect();
+        let mut told = Vec::new();
+        let deadline = Instant::now() + GIVE_UP_WAIT;
+        while !left.is_empty() && Instant::now() < deadline {
+            left.retain(
+                |&p| match handshake::farewell(&addresses[p], (me, p), &key, why) {
+                    Ok(()) => {
+                        told.push(p);
+                        false
+                    }
+                    // Not of this cluster (another secret, another program): not told.
+                    Err(NotJoined::Refused(_)) => false,
+                    Err(NotJoined::NotYet | NotJoined::Unanswered) => true,
+                },
+            );
+            if !left.is_empty() {
+                std::thread::sleep(JOIN_POLL);
+            }
+        }
+        told.sort_unstable();
+        told
+    }
 }
 
 /// A job running on this process's workers (see [`Cluster::execute`]).
@@ -254,7 +297,17 @@ fn join(
                 Greeted::Peer(HELLO, p, stream) if p > me && p < n => sockets[p] = Some(stream),
                 Greeted::Peer(_, p, stream) if p > me && p < n => beats[p] = Some(stream),
                 Greeted::Unproved(p) if p < n => seen[p] = Some(CLAIMED),
-                Greeted::Peer(..) | Greeted::Unproved(_) | Greeted::Stranger => {}
+                Greeted::Gone(p, why) if p < n && p != me => {
+                    return Err(Error::Dataflow(format!(
+                        "process {me}: process {p} ({}) stopped before joining the cluster: \
+                         {why}",
+                        addresses[p]
+                    )));
+                }
+                Greeted::Peer(..)
+                | Greeted::Unproved(_)
+                | Greeted::Gone(..)
+                | Greeted::Stranger => {}
             }
         }
         let missing: Vec<usize> = (0..n)
@@ -471,6 +524,81 @@ mod tests {
         );
         assert!(err.contains("does not answer as a process"), "{err}");
         assert!(took < Duration::from_secs(8), "{took:?}");
+    }
+
+    /// Process `me` of a cluster of `addresses` (written to a hostfile in `dir`).
+    fn process_of(dir: &std::path::Path, addresses: &[String], me: usize) -> Cluster {
+        let hosts = dir.join("hosts");
+        std::fs::write(&hosts, addresses.join("\n")).unwrap();
+        Cluster {
+            workers: 1,
+            processes: addresses.len(),
+            process: me,
+            hostfile: Some(hosts),
+            secret: None,
+        }
+    }
+
+    #[test]
+    fn a_process_that_gives_up_is_named_with_its_reason_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let addresses: Vec<String> = (0..3).map(|_| free()).collect();
+        let joining: Vec<_> = [0, 2]
+            .into_iter()
+            .map(|me| {
+                let a = addresses.clone();
+                std::thread::spawn(move || {
+                    let started = Instant::now();
+                    let key = handshake::key(None);
+                    let err = join(&a, me, Duration::from_secs(30), &key).unwrap_err();
+                    (err.to_string(), started.elapsed())
+                })
+            })
+            .collect();
+        // Process 1 (one that 0 waits to be dialed by, one that 2 dials) fails: a reason
+        // past what a farewell carries, with a line break in it.
+        let why = format!("input a.parquet: no such file\n{}", "x".repeat(400));
+        let told = process_of(dir.path(), &addresses, 1).give_up(&why);
+        assert_eq!(told, vec![0, 2]);
+        for j in joining {
+            let (err, took) = j.join().unwrap();
+            assert!(
+                err.contains("process 1 (") && err.contains("stopped before joining"),
+                "{err}"
+            );
+            assert!(err.contains("input a.parquet: no such filexxx"), "{err}");
+            assert!(!err.contains('\n') && err.len() < 400, "{err}");
+            assert!(took < Duration::from_secs(5), "{took:?}");
+        }
+    }
+
+    #[test]
+    fn a_farewell_without_the_secret_is_not_believed() {
+        let dir = tempfile::tempdir().unwrap();
+        let addresses = vec![free(), free()];
+        let a = addresses.clone();
+        let ours = handshake::key(Some(&ClusterSecret::new(b"0123456789abcdef").unwrap()));
+        let first = std::thread::spawn(move || join(&a, 0, Duration::from_millis(1500), &ours));
+        // Process 1 as a stranger would say it (no secret): process 0 is not told, and
+        // waits out its join, naming what it saw.
+        let stranger = process_of(dir.path(), &addresses, 1);
+        assert_eq!(stranger.give_up("stop, all of you"), Vec::<usize>::new());
+        let err = first.join().unwrap().unwrap_err().to_string();
+        assert!(err.contains("did not join the cluster"), "{err}");
+        assert!(err.contains("did not prove the cluster's secret"), "{err}");
+        assert!(!err.contains("stop, all of you"), "{err}");
+    }
+
+    #[test]
+    fn giving_up_alone_or_with_no_one_listening_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(Cluster::local(2).give_up("no peers").is_empty());
+        let started = Instant::now();
+        let addresses = vec![free(), free()];
+        let told = process_of(dir.path(), &addresses, 1).give_up("no one listens");
+        assert!(told.is_empty());
+        let took = started.elapsed();
+        assert!(took >= GIVE_UP_WAIT && took < GIVE_UP_WAIT * 2, "{took:?}");
     }
 
     #[test]

@@ -12,6 +12,11 @@
 //! both sides run this protocol. It authenticates the joining, not the bytes that follow:
 //! a cluster's ports still belong on a network that only its processes reach.
 //!
+//! A process that fails before it joins says so on a connection of a third purpose
+//! ([`HELLO_GONE`], [`farewell`]): the same greeting and proofs, its proof also covering
+//! why it stopped (at most [`REASON`] bytes, sent after the proof), so that its peers end
+//! their join at once with that reason instead of waiting out the join's timeout.
+//!
 //! The acceptor's side never blocks ([`Greeting::poll`]): a connection that says nothing
 //! (a port scanner, a stranger) is dropped after [`GREETING_TIMEOUT`] without holding up
 //! the others.
@@ -31,6 +36,10 @@ use crate::error::{Error, Result};
 pub(super) const HELLO: &[u8; 8] = b"hydrant2";
 /// Opens the connection the peers' heartbeats use (`heartbeat.rs`).
 pub(super) const HELLO_BEAT: &[u8; 8] = b"hydrantC";
+/// Opens a connection that tells a peer this process stopped before joining ([`farewell`]).
+pub(super) const HELLO_GONE: &[u8; 8] = b"hydrantG";
+/// The bytes of why a process stopped that a farewell carries (zero-padded, cut to fit).
+pub(super) const REASON: usize = 200;
 
 /// How long an accepted connection has to greet and prove itself (peers do at once).
 const GREETING_TIMEOUT: Duration = Duration::from_secs(1);
@@ -148,6 +157,40 @@ pub(super) fn dial(
     (me, to): (usize, usize),
     key: &hmac::Key,
 ) -> std::result::Result<TcpStream, NotJoined> {
+    dial_with(address, hello, (me, to), key, &[])
+}
+
+/// Tells process `to` at `address`, still joining, that process `me` stopped before it
+/// joined, and why (cut to [`REASON`] bytes); `Ok` once the peer has taken it.
+pub(super) fn farewell(
+    address: &str,
+    (me, to): (usize, usize),
+    key: &hmac::Key,
+    why: &str,
+) -> std::result::Result<(), NotJoined> {
+    dial_with(address, HELLO_GONE, (me, to), key, &reason(why)).map(drop)
+}
+
+/// `why` as a farewell carries it: its first [`REASON`] bytes at most, cut where a
+/// character starts, zero-padded.
+fn reason(why: &str) -> [u8; REASON] {
+    let mut reason = [0u8; REASON];
+    let cut = (0..=why.len().min(REASON))
+        .rev()
+        .find(|&k| why.is_char_boundary(k))
+        .unwrap_or(0);
+    reason[..cut].copy_from_slice(&why.as_bytes()[..cut]);
+    reason
+}
+
+/// [`dial`], with `extra` sent after the dialer's proof and covered by it.
+fn dial_with(
+    address: &str,
+    hello: &'static [u8; 8],
+    (me, to): (usize, usize),
+    key: &hmac::Key,
+    extra: &[u8],
+) -> std::result::Result<TcpStream, NotJoined> {
     let mut stream = connect(address).ok_or(NotJoined::NotYet)?;
     let mine = nonce().ok_or(NotJoined::NotYet)?;
     let mut greeting = Vec::with_capacity(GREETING);
@@ -180,14 +223,18 @@ pub(super) fn dial(
     }
     let theirs_covered = covered(b'A', hello, (me, to), [&mine, theirs]);
     if hmac::verify(key, &theirs_covered, tag).is_err() {
-        // So that the acceptor names this process too, rather than a silence.
-        let _ = stream.write_all(&REFUSAL);
+        // So that the acceptor names this process too, rather than a silence (as long as
+        // a proof and what it covers, so that the acceptor reads it whole).
+        let _ = stream.write_all(&[&REFUSAL[..], &vec![0; extra.len()]].concat());
         return Err(NotJoined::Refused(UNPROVED.into()));
     }
-    let proof = hmac::sign(key, &covered(b'D', hello, (me, to), [&mine, theirs]));
+    let mut proved = covered(b'D', hello, (me, to), [&mine, theirs]);
+    proved.extend_from_slice(extra);
+    let mut proof = hmac::sign(key, &proved).as_ref().to_vec();
+    proof.extend_from_slice(extra);
     let mut welcome = [0u8; 1];
     let deadline = Instant::now() + ANSWER_TIMEOUT;
-    let welcomed = stream.write_all(proof.as_ref()).is_ok()
+    let welcomed = stream.write_all(&proof).is_ok()
         && read_by(&mut stream, &mut welcome, deadline)
         && welcome[0] == WELCOME
         && stream.set_read_timeout(None).is_ok();
@@ -251,6 +298,9 @@ pub(super) enum Greeted {
     Peer(&'static [u8; 8], usize, TcpStream),
     /// A greeting as process `p`, whose proof was wrong (or refused the answer).
     Unproved(usize),
+    /// Process `p`, proved, stopped before joining: why (as it said, cut to [`REASON`]
+    /// bytes, control characters dropped).
+    Gone(usize, String),
     /// Anything else: closed, silent past [`GREETING_TIMEOUT`], or not a greeting.
     Stranger,
 }
@@ -269,12 +319,12 @@ impl Greeting {
     /// Reads what has arrived of the greeting or of the proof, answers a whole greeting,
     /// and checks a whole proof, as process `me` holding `key`.
     pub fn poll(mut self, me: usize, key: &hmac::Key) -> Greeted {
-        let want = if self.answered.is_some() {
-            TAG
-        } else {
-            GREETING
+        let want = match &self.answered {
+            None => GREETING,
+            Some(a) if a.hello == HELLO_GONE => TAG + REASON,
+            Some(_) => TAG,
         };
-        let mut buf = [0u8; GREETING];
+        let mut buf = [0u8; TAG + REASON];
         match (&self.stream).read(&mut buf[..want - self.got.len()]) {
             Ok(0) => return Greeted::Stranger,
             Ok(k) => self.got.extend_from_slice(&buf[..k]),
@@ -296,10 +346,15 @@ impl Greeting {
                 theirs,
                 mine,
             }) => {
-                let data = covered(b'D', hello, (dialer, me), [&theirs, &mine]);
-                let proved = hmac::verify(key, &data, &self.got).is_ok();
-                if !proved {
+                let (tag, extra) = self.got.split_at(TAG);
+                let mut data = covered(b'D', hello, (dialer, me), [&theirs, &mine]);
+                data.extend_from_slice(extra);
+                if hmac::verify(key, &data, tag).is_err() {
                     return Greeted::Unproved(dialer);
+                }
+                if hello == HELLO_GONE {
+                    let _ = (&self.stream).write(&[WELCOME]);
+                    return Greeted::Gone(dialer, said(extra));
                 }
                 // One byte fits a fresh connection's send buffer at once.
                 let ready = matches!((&self.stream).write(&[WELCOME]), Ok(1))
@@ -316,7 +371,7 @@ impl Greeting {
 
     /// Answers a whole greeting with this side's purpose, index, nonce and tag.
     fn answer(mut self, me: usize, key: &hmac::Key) -> Greeted {
-        let Some(hello) = [HELLO, HELLO_BEAT]
+        let Some(hello) = [HELLO, HELLO_BEAT, HELLO_GONE]
             .into_iter()
             .find(|k| &self.got[..8] == k.as_slice())
         else {
@@ -347,5 +402,34 @@ impl Greeting {
             mine,
         });
         Greeted::Pending(self)
+    }
+}
+
+/// What a farewell's reason says, as text of one line: up to its padding, without
+/// control characters, invalid UTF-8 replaced.
+fn said(reason: &[u8]) -> String {
+    let end = reason.iter().position(|&b| b == 0).unwrap_or(reason.len());
+    String::from_utf8_lossy(&reason[..end])
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_cut_where_a_character_starts_and_read_as_one_line() {
+        // 67 three-byte characters fill 201 bytes: the last does not fit.
+        let why = "€".repeat(67);
+        let bytes = reason(&why);
+        assert_eq!(said(&bytes), "€".repeat(66));
+        assert_eq!(said(&reason("short")), "short");
+        assert_eq!(said(&reason("two\nlines\r\tand a bell\u{7}")), "twolinesand a bell");
+        // What a peer sends need not be UTF-8.
+        let mut odd = [0u8; REASON];
+        odd[..3].copy_from_slice(&[b'a', 0xff, b'b']);
+        assert_eq!(said(&odd), "a\u{fffd}b");
     }
 }

@@ -13,7 +13,7 @@ mod read;
 mod stream;
 
 pub use agree::same_served;
-pub use cluster::{Cluster, JOIN_TIMEOUT, Started};
+pub use cluster::{Cluster, GIVE_UP_WAIT, JOIN_TIMEOUT, Started};
 pub use dataflow::{Channels, Job, OpenQueue, Output, RankQueue, Report, execute};
 pub use gather::gather;
 pub use handshake::ClusterSecret;

@@ -260,6 +260,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             hydrant::operators::log_line!("hydrant: error: {e}");
+            if let Some(cluster) = GIVE_UP.get() {
+                cluster.give_up(&e.to_string());
+            }
             ExitCode::FAILURE
         }
     }
@@ -285,7 +288,7 @@ fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Fit { common, out } => {
-            let pipeline = prepare(&common, None, None)?;
+            let pipeline = prepare(&common, None, None).map_err(|e| told_peers(&common, e))?;
             let (spec, cluster) = (pipeline.spec().clone(), pipeline.cluster().clone());
             let report = runtime::execute(pipeline.into_job(), &cluster, || {})?;
             let state = report
@@ -321,6 +324,36 @@ pub(crate) fn workers(common: &Common, default: Option<usize>) -> usize {
         );
     }
     workers
+}
+
+/// The cluster to tell, once the error is printed, that this process stopped before it
+/// joined (see [`told_peers`]).
+static GIVE_UP: std::sync::OnceLock<Cluster> = std::sync::OnceLock::new();
+
+/// `e`, a failure of this process before it joined its cluster, marked so that once it
+/// is printed the other processes, which may be waiting for this one to join, are told
+/// why ([`Cluster::give_up`]): they stop at once with one line naming this process, not
+/// after the join's timeout. Nothing is told when this process runs alone, or when its
+/// cluster secret cannot be read (the peers could not trust what it said).
+pub(crate) fn told_peers(common: &Common, e: Error) -> Error {
+    if common.processes < 2 {
+        return e;
+    }
+    let secret = match common.cluster_secret_file.as_deref() {
+        Some(path) => match ClusterSecret::from_file(path) {
+            Ok(secret) => Some(secret),
+            Err(_) => return e,
+        },
+        None => None,
+    };
+    let _ = GIVE_UP.set(Cluster {
+        workers: 1,
+        processes: common.processes,
+        process: common.process,
+        hostfile: common.hostfile.clone(),
+        secret,
+    });
+    e
 }
 
 /// The pipeline of a command, checked against its inputs (and its state, if given).
@@ -368,8 +401,12 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
         return Ok(summary);
     }
     let started = Instant::now();
-    let sink: SinkSpec = args.sink.parse()?;
-    let pipeline = prepare(&args.common, args.state.as_deref(), Some(&args.delivery))?;
+    // Until this process has joined its cluster, a failure is told to the peers waiting
+    // for it, so that they stop at once rather than after the join's timeout.
+    let told = |e: Error| told_peers(&args.common, e);
+    let sink: SinkSpec = args.sink.parse().map_err(told)?;
+    let pipeline =
+        prepare(&args.common, args.state.as_deref(), Some(&args.delivery)).map_err(told)?;
     let (spec, cluster, loader) = (
         pipeline.spec().clone(),
         pipeline.cluster().clone(),
@@ -390,11 +427,11 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
         SinkSpec::Parquet(_) => false,
     };
     if matches!(sink, SinkSpec::Train) && cluster.processes > 1 {
-        return Err(Error::Usage(
+        return Err(told(Error::Usage(
             "--sink train:logreg runs every rank in one process: its all-reduce is in memory \
              (use --processes 1, or a trainer of your own per process)"
                 .into(),
-        ));
+        )));
     }
     let mut consumed = Consumed::default();
     let report = if use_loaders {
@@ -429,7 +466,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
             .collect();
         running.join()?
     } else {
-        sink.prepare(cluster.process)?;
+        sink.prepare(cluster.process).map_err(told)?;
         job.output = Some(Output::Sink(sink.clone()));
         runtime::execute(job, &cluster, tick)?
     };

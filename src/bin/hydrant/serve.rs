@@ -90,9 +90,18 @@ pub(crate) struct ServeArgs {
     delivery: DeliveryArgs,
 }
 
-/// Runs the server until SIGINT or SIGTERM.
-pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
-    let started = Instant::now();
+/// What `serve` checks, reads and binds before a cluster's processes join: a failure here
+/// is told to the peers ([`super::told_peers`]).
+struct Opened {
+    addr: std::net::SocketAddr,
+    auth: Option<hydrant_flight::Auth>,
+    spec: PipelineSpec,
+    listener: std::net::TcpListener,
+    local: std::net::SocketAddr,
+    pushed: bool,
+}
+
+fn open(args: &ServeArgs) -> Result<Opened> {
     let addr: std::net::SocketAddr = args
         .listen
         .parse()
@@ -159,13 +168,38 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             spec.name
         )));
     }
+    Ok(Opened {
+        addr,
+        auth,
+        spec,
+        listener,
+        local,
+        pushed,
+    })
+}
+
+/// Runs the server until SIGINT or SIGTERM.
+pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
+    let started = Instant::now();
+    // Until this process has joined its cluster, a failure is told to the peers waiting
+    // for it, so that they stop at once rather than after the join's timeout.
+    let told = |e: Error| super::told_peers(&args.common, e);
+    let Opened {
+        addr,
+        auth,
+        spec,
+        listener,
+        local,
+        pushed,
+    } = open(args).map_err(told)?;
     let mut on_cluster = None;
     let served = if pushed {
         let follows = args.follow.is_some();
         let state = args.state.as_deref();
         streamed_pipeline(spec.clone(), &args.common, state, &args.delivery, follows)?
     } else {
-        let pipeline = prepare(&args.common, args.state.as_deref(), Some(&args.delivery))?;
+        let pipeline =
+            prepare(&args.common, args.state.as_deref(), Some(&args.delivery)).map_err(told)?;
         let cluster = pipeline.cluster().clone();
         let job = pipeline.into_job();
         let (inputs, plan, delivery) = (job.inputs.clone(), job.plan.clone(), job.delivery.clone());
@@ -182,7 +216,8 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             // Every process's Flight location, told through the cluster with what it
             // serves: processes that serve other jobs would deliver garbage together.
             let job = (&*inputs, &*plan, &state, &delivery);
-            let locations = runtime::same_served(&cluster, job, location(args, local)?)?;
+            let here = location(args, local).map_err(told)?;
+            let locations = runtime::same_served(&cluster, job, here)?;
             on_cluster = Some((cluster.clone(), locations));
         }
         hydrant::serve::ServedPipeline::new(
@@ -192,7 +227,8 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             state,
             delivery,
             cluster.workers,
-        )?
+        )
+        .map_err(told)?
     }
     .with_replay_bytes(args.replay_mib << 20)
     .with_idle_timeout(Duration::from_secs(args.idle_timeout))
@@ -201,7 +237,11 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| Error::Usage(format!("cannot start the server runtime: {e}")))?;
+        .map_err(|e| {
+            told(Error::Usage(format!(
+                "cannot start the server runtime: {e}"
+            )))
+        })?;
     let served = match on_cluster {
         Some((cluster, locations)) => {
             let _inside = runtime.enter();
