@@ -349,43 +349,51 @@ fn processes_started_with_other_options_are_refused() {
     }
 }
 
-/// A serve process that cannot start (its --listen port is taken) tells the others, which
-/// stop at once with one line naming it, rather than waiting out the join's minute.
+/// A serve process that cannot start (its --listen port is taken, its --tls-cert file is
+/// missing) tells the others, which stop at once with one line naming it, rather than
+/// waiting out the join's minute.
 #[test]
-fn a_process_that_cannot_listen_stops_the_others_at_once() {
+fn a_process_that_cannot_start_stops_the_others_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let io = folder_with_state(dir.path(), &[300], 3);
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken_at = taken.local_addr().unwrap().to_string();
-    let started = std::time::Instant::now();
-    let children = spawn_cluster_with(dir.path(), 2, 1, |p| {
-        let mut args = serve_args(&io, &["--ranks", "2"]);
-        if p == 1 {
-            args[2] = taken_at.clone();
-        }
-        args
-    });
-    let outs: Vec<_> = children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
-    let said: Vec<String> = outs
-        .iter()
-        .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
-        .collect();
-    assert!(outs.iter().all(|o| !o.status.success()), "{said:?}");
-    assert!(said.iter().all(|s| s.lines().count() == 1), "{said:?}");
-    assert!(
-        said[1].contains(&format!("--listen {taken_at}")),
-        "{said:?}"
-    );
-    assert!(said[0].contains("process 1 (") && said[0].contains("stopped before joining"));
-    assert!(
-        said[0].contains(&format!("--listen {taken_at}")),
-        "{said:?}"
-    );
-    let took = started.elapsed();
-    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    let missing = dir.path().join("missing.pem").to_str().unwrap().to_string();
+    let listen: Vec<String> = ["--listen".into(), taken_at.clone()].into();
+    let tls: Vec<String> = ["--tls-cert", &missing, "--tls-key", &missing]
+        .map(String::from)
+        .into();
+    for (why, extra) in [
+        (format!("--listen {taken_at}"), listen),
+        (missing.clone(), tls),
+    ] {
+        let started = std::time::Instant::now();
+        let children = spawn_cluster_with(dir.path(), 2, 1, |p| {
+            let mut args = serve_args(&io, &["--ranks", "2"]);
+            if p == 1 {
+                match extra[0].as_str() {
+                    "--listen" => args[2] = extra[1].clone(),
+                    _ => args.extend(extra.iter().cloned()),
+                }
+            }
+            args
+        });
+        let outs: Vec<_> = children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        let said: Vec<String> = outs
+            .iter()
+            .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
+            .collect();
+        assert!(outs.iter().all(|o| !o.status.success()), "{said:?}");
+        assert!(said.iter().all(|s| s.lines().count() == 1), "{said:?}");
+        assert!(said[1].contains(&why), "{said:?}");
+        assert!(said[0].contains("process 1 (") && said[0].contains("stopped before joining"));
+        assert!(said[0].contains(&why), "{said:?}");
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    }
 }
 
 /// The embedded API's remote source, connected to one process, reads each rank where its

@@ -377,21 +377,31 @@ fn a_process_that_fails_before_joining_stops_the_others_at_once() {
     };
     for process_1_first in [false, true] {
         let started = Instant::now();
-        let (process_0, process_1) = if process_1_first {
-            let one = start(1);
-            std::thread::sleep(Duration::from_secs(1));
-            (start(0), one)
+        let (mut process_0, mut process_1) = if process_1_first {
+            // Process 0 starts once process 1 has failed (it prints its error first).
+            let mut one = start(1);
+            let mut stderr = std::io::BufReader::new(one.stderr.take().unwrap());
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+            one.stderr = Some(stderr.into_inner());
+            let zero = start(0);
+            (zero, (one, line))
         } else {
             let zero = start(0);
             std::thread::sleep(Duration::from_millis(300));
-            (zero, start(1))
+            (zero, (start(1), String::new()))
         };
-        let process_0 = process_0.wait_with_output().unwrap();
-        let process_1 = process_1.wait_with_output().unwrap();
+        let said = |child: &mut std::process::Child, mut text: String| {
+            let mut rest = String::new();
+            let stderr = child.stderr.as_mut().unwrap();
+            std::io::Read::read_to_string(stderr, &mut rest).unwrap();
+            text.push_str(&rest);
+            (child.wait().unwrap(), text.trim().to_string())
+        };
+        let (exit_0, said_0) = said(&mut process_0, String::new());
+        let (exit_1, said_1) = said(&mut process_1.0, std::mem::take(&mut process_1.1));
         let took = started.elapsed();
-        let said = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).trim().to_string();
-        let (said_0, said_1) = (said(&process_0), said(&process_1));
-        assert!(!process_1.status.success() && !process_0.status.success());
+        assert!(!exit_0.success() && !exit_1.success());
         assert_eq!(said_1.lines().count(), 1, "{said_1}");
         assert!(said_1.contains("missing.parquet"), "{said_1}");
         assert_eq!(said_0.lines().count(), 1, "{said_0}");
@@ -405,6 +415,55 @@ fn a_process_that_fails_before_joining_stops_the_others_at_once() {
             "process 1 first: {process_1_first}, {took:?}"
         );
     }
+}
+
+/// A process whose cluster port is taken cannot join: it tells the others, which stop at
+/// once naming it, rather than waiting out the join's minute.
+#[test]
+fn a_process_whose_cluster_port_is_taken_stops_the_others_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hosts = dir.path().join("hosts");
+    let taken_at = taken.local_addr().unwrap().to_string();
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n{taken_at}\n", free_port())).unwrap();
+    let started = Instant::now();
+    let children: Vec<_> = (0..2)
+        .map(|p: usize| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+                .args(null_args(&io, &toml, &["--ranks", "2", "--workers", "1"]))
+                .args([
+                    "--processes",
+                    "2",
+                    "--process",
+                    &p.to_string(),
+                    "--hostfile",
+                ])
+                .arg(&hosts)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let said: Vec<String> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .map(|o| {
+            assert!(!o.status.success());
+            String::from_utf8_lossy(&o.stderr).trim().to_string()
+        })
+        .collect();
+    assert!(said.iter().all(|s| s.lines().count() == 1), "{said:?}");
+    let cannot = format!("cannot listen on {taken_at}");
+    assert!(said[1].contains(&cannot), "{said:?}");
+    assert!(
+        said[0].contains("process 1 (") && said[0].contains(&cannot),
+        "{said:?}"
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "{took:?}");
 }
 
 /// A cluster's secret (`--cluster-secret-file`): processes that hold the same one run; a

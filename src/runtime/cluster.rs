@@ -63,7 +63,8 @@ impl Cluster {
             .unwrap_or_else(|| default_address(p))
     }
 
-    /// Every process's address, by process.
+    /// Every process's address, by process: the first `processes` lines of the hostfile
+    /// (a hostfile may list more hosts than a job uses).
     pub fn addresses(&self) -> Result<Vec<String>> {
         let Some(h) = &self.hostfile else {
             return Ok((0..self.processes).map(default_address).collect());
@@ -92,7 +93,7 @@ impl Cluster {
                 )));
             }
         }
-        Ok(lines)
+        Ok(lines[..self.processes].to_vec())
     }
 
     fn check(&self) -> Result<()> {
@@ -125,7 +126,16 @@ impl Cluster {
             });
         }
         let key = handshake::key(self.secret.as_ref());
-        let (sockets, beats) = join(&self.addresses()?, self.process, JOIN_TIMEOUT, &key)?;
+        let addresses = self.addresses()?;
+        let listener = TcpListener::bind(&addresses[self.process])
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| {
+                // The peers wait for this process: tell them it will not come.
+                let e = Error::Usage(format!("cannot listen on {}: {e}", addresses[self.process]));
+                self.give_up(&e.to_string());
+                e
+            })?;
+        let (sockets, beats) = join(&addresses, self.process, listener, JOIN_TIMEOUT, &key)?;
         let lost: heartbeat::OnLost = std::sync::Arc::new(super::fate::lose_peer);
         let pace = heartbeat::Pace {
             interval: heartbeat::INTERVAL,
@@ -161,40 +171,43 @@ impl Cluster {
     /// Tells the other processes, which may be waiting for this one to join (at start-up,
     /// or between the jobs of one command), that it stopped and why: they end their join
     /// at once with one line naming this process and `why`, not after [`JOIN_TIMEOUT`].
-    /// Tries each peer for at most [`GIVE_UP_WAIT`] (a peer not listening yet may still
-    /// start), and returns the peers told. Call it only where this process has not joined
-    /// the job that failed: peers that have are told by its heartbeats, and are not
-    /// listening. Nothing to do for one process.
+    /// Tries every peer at once, each until told or [`GIVE_UP_WAIT`] has passed (a peer
+    /// not listening yet may still start; a dial under way then still finishes, a few
+    /// seconds at most), and returns the peers told. Call it only where this process has
+    /// not joined the job that failed: peers that have are told by its heartbeats, and
+    /// are not listening. Nothing to do for one process.
     pub fn give_up(&self, why: &str) -> Vec<usize> {
-        let Ok(addresses) = self.addresses() else {
-            return Vec::new();
+        self.give_up_within(why, GIVE_UP_WAIT)
+    }
+
+    fn give_up_within(&self, why: &str, wait: Duration) -> Vec<usize> {
+        let addresses = match (self.check(), self.addresses()) {
+            (Ok(()), Ok(addresses)) if self.processes > 1 => addresses,
+            _ => return Vec::new(),
         };
-        if self.processes < 2 || self.process >= addresses.len() {
-            return Vec::new();
-        }
         let key = handshake::key(self.secret.as_ref());
-        let me = self.process;
-        let mut left: Vec<usize> = (0..self.processes).filter(|&p| p != me).collect();
-        let mut told = Vec::new();
-        let deadline = Instant::now() + GIVE_UP_WAIT;
-        while !left.is_empty() && Instant::now() < deadline {
-            left.retain(
-                |&p| match handshake::farewell(&addresses[p], (me, p), &key, why) {
-                    Ok(()) => {
-                        told.push(p);
-                        false
-                    }
-                    // Not of this cluster (another secret, another program): not told.
-                    Err(NotJoined::Refused(_)) => false,
-                    Err(NotJoined::NotYet | NotJoined::Unanswered) => true,
-                },
-            );
-            if !left.is_empty() {
-                std::thread::sleep(JOIN_POLL);
+        let (me, deadline) = (self.process, Instant::now() + wait);
+        let tell = |p: usize| loop {
+            match handshake::farewell(&addresses[p], (me, p), &key, why) {
+                Ok(()) => return true,
+                // Not of this cluster (another secret, another program): not told.
+                Err(NotJoined::Refused(_)) => return false,
+                Err(NotJoined::NotYet | NotJoined::Unanswered) if Instant::now() < deadline => {
+                    std::thread::sleep(JOIN_POLL);
+                }
+                Err(_) => return false,
             }
-        }
-        told.sort_unstable();
-        told
+        };
+        std::thread::scope(|s| {
+            let tellers: Vec<_> = (0..self.processes)
+                .filter(|&p| p != me)
+                .map(|p| (p, s.spawn(move || tell(p))))
+                .collect();
+            tellers
+                .into_iter()
+                .filter_map(|(p, t)| matches!(t.join(), Ok(true)).then_some(p))
+                .collect()
+        })
     }
 }
 
@@ -253,13 +266,11 @@ type Sockets = Vec<Option<TcpStream>>;
 fn join(
     addresses: &[String],
     me: usize,
+    listener: TcpListener,
     timeout: Duration,
     key: &ring::hmac::Key,
 ) -> Result<(Sockets, Vec<(usize, TcpStream)>)> {
     let n = addresses.len();
-    let listener = TcpListener::bind(&addresses[me])
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|e| Error::Usage(format!("cannot listen on {}: {e}", addresses[me])))?;
     let mut sockets: Sockets = (0..n).map(|_| None).collect();
     let mut beats: Sockets = (0..n).map(|_| None).collect();
     // What was seen of a process that has not joined: a connection claiming to be it
@@ -345,6 +356,18 @@ mod tests {
 
     use super::*;
 
+    /// [`join`], listening on this process's address first.
+    fn join_at(
+        addresses: &[String],
+        me: usize,
+        timeout: Duration,
+        key: &ring::hmac::Key,
+    ) -> Result<(Sockets, Vec<(usize, TcpStream)>)> {
+        let listener = TcpListener::bind(&addresses[me]).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        join(addresses, me, listener, timeout, key)
+    }
+
     /// A free loopback port below Linux's default ephemeral range (32768-60999): one the
     /// kernel hands out for port 0 can become another test's outgoing source port before
     /// `join` listens on it.
@@ -364,7 +387,9 @@ mod tests {
         let addresses: Vec<String> = (0..3).map(|_| free()).collect();
         let start = |me: usize| {
             let a = addresses.clone();
-            std::thread::spawn(move || join(&a, me, Duration::from_secs(30), &handshake::key(None)))
+            std::thread::spawn(move || {
+                join_at(&a, me, Duration::from_secs(30), &handshake::key(None))
+            })
         };
         // Process 0 listens first, and strangers reach it before its peers do: twelve
         // that say nothing (their greetings are read together, not one after the other
@@ -402,7 +427,7 @@ mod tests {
     #[test]
     fn a_missing_peer_is_named_after_the_timeout() {
         let addresses = vec![free(), free()];
-        let err = join(
+        let err = join_at(
             &addresses,
             1,
             Duration::from_millis(300),
@@ -421,14 +446,16 @@ mod tests {
         let addresses = vec![free(), free()];
         let a = addresses.clone();
         let key = ours.clone();
-        let first = std::thread::spawn(move || join(&a, 0, Duration::from_secs(30), &key));
+        let first = std::thread::spawn(move || join_at(&a, 0, Duration::from_secs(30), &key));
 
         // Before process 1 comes, an impostor greets process 0 as process 1, with another
         // secret and with none: refused, and each learns its answer proves nothing to it.
         let wait = Duration::from_secs(2);
         for theirs in [secret("another cluster's secret"), None] {
             let key = handshake::key(theirs.as_ref());
-            let err = join(&addresses[..], 1, wait, &key).unwrap_err().to_string();
+            let err = join_at(&addresses[..], 1, wait, &key)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("is not of this cluster"), "{err}");
             assert!(err.contains("did not prove the cluster's secret"), "{err}");
         }
@@ -449,7 +476,7 @@ mod tests {
         assert!(matches!(closed, Ok(0)), "{closed:?}");
 
         // Process 1 with the secret joins.
-        let (sockets, beats) = join(&addresses, 1, Duration::from_secs(30), &ours).unwrap();
+        let (sockets, beats) = join_at(&addresses, 1, Duration::from_secs(30), &ours).unwrap();
         assert!(sockets[0].is_some() && beats.len() == 1);
         let (sockets, beats) = first.join().unwrap().unwrap();
         assert!(sockets[1].is_some() && beats.len() == 1);
@@ -460,8 +487,8 @@ mod tests {
         let addresses = vec![free(), free()];
         let a = addresses.clone();
         let ours = handshake::key(Some(&ClusterSecret::new(b"0123456789abcdef").unwrap()));
-        let first = std::thread::spawn(move || join(&a, 0, Duration::from_millis(1500), &ours));
-        let dialer = join(
+        let first = std::thread::spawn(move || join_at(&a, 0, Duration::from_millis(1500), &ours));
+        let dialer = join_at(
             &addresses,
             1,
             Duration::from_secs(30),
@@ -492,7 +519,7 @@ mod tests {
             }
         });
         let started = Instant::now();
-        let err = join(&[at, free()], 1, timeout, &handshake::key(None));
+        let err = join_at(&[at, free()], 1, timeout, &handshake::key(None));
         (err.unwrap_err().to_string(), started.elapsed())
     }
 
@@ -550,7 +577,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let started = Instant::now();
                     let key = handshake::key(None);
-                    let err = join(&a, me, Duration::from_secs(30), &key).unwrap_err();
+                    let err = join_at(&a, me, Duration::from_secs(30), &key).unwrap_err();
                     (err.to_string(), started.elapsed())
                 })
             })
@@ -566,7 +593,7 @@ mod tests {
                 err.contains("process 1 (") && err.contains("stopped before joining"),
                 "{err}"
             );
-            assert!(err.contains("input a.parquet: no such filexxx"), "{err}");
+            assert!(err.contains("input a.parquet: no such file xxx"), "{err}");
             assert!(!err.contains('\n') && err.len() < 400, "{err}");
             assert!(took < Duration::from_secs(5), "{took:?}");
         }
@@ -578,7 +605,7 @@ mod tests {
         let addresses = vec![free(), free()];
         let a = addresses.clone();
         let ours = handshake::key(Some(&ClusterSecret::new(b"0123456789abcdef").unwrap()));
-        let first = std::thread::spawn(move || join(&a, 0, Duration::from_millis(1500), &ours));
+        let first = std::thread::spawn(move || join_at(&a, 0, Duration::from_millis(1500), &ours));
         // Process 1 as a stranger would say it (no secret): process 0 is not told, and
         // waits out its join, naming what it saw.
         let stranger = process_of(dir.path(), &addresses, 1);
@@ -590,15 +617,39 @@ mod tests {
     }
 
     #[test]
+    fn a_farewell_with_the_secret_is_believed() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = ClusterSecret::new(b"0123456789abcdef").unwrap();
+        let addresses = vec![free(), free()];
+        let a = addresses.clone();
+        let key = handshake::key(Some(&secret));
+        let first = std::thread::spawn(move || join_at(&a, 0, Duration::from_secs(30), &key));
+        let holder = Cluster {
+            secret: Some(secret),
+            ..process_of(dir.path(), &addresses, 1)
+        };
+        assert_eq!(holder.give_up("state s.json: not a fitted state"), vec![0]);
+        let err = first.join().unwrap().unwrap_err().to_string();
+        assert!(
+            err.contains("stopped before joining the cluster: state s.json"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn giving_up_alone_or_with_no_one_listening_ends() {
         let dir = tempfile::tempdir().unwrap();
         assert!(Cluster::local(2).give_up("no peers").is_empty());
+        let wait = Duration::from_millis(300);
         let started = Instant::now();
-        let addresses = vec![free(), free()];
-        let told = process_of(dir.path(), &addresses, 1).give_up("no one listens");
+        let addresses = vec![free(), free(), free()];
+        let told = process_of(dir.path(), &addresses, 1).give_up_within("no one listens", wait);
         assert!(told.is_empty());
         let took = started.elapsed();
-        assert!(took >= GIVE_UP_WAIT && took < GIVE_UP_WAIT * 2, "{took:?}");
+        assert!(
+            took >= wait && took < wait + Duration::from_secs(2),
+            "{took:?}"
+        );
     }
 
     #[test]
@@ -622,6 +673,7 @@ mod tests {
             processes: 2,
             ..cluster
         };
-        assert_eq!(two.addresses().unwrap().len(), 3);
+        // Only the first two lines are the job's: a join waits for no third process.
+        assert_eq!(two.addresses().unwrap().len(), 2);
     }
 }

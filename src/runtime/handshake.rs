@@ -405,19 +405,78 @@ impl Greeting {
     }
 }
 
-/// What a farewell's reason says, as text of one line: up to its padding, without
-/// control characters, invalid UTF-8 replaced.
+/// What a farewell's reason says, as text of one line: up to its padding, invalid UTF-8
+/// replaced, runs of whitespace and control characters as one space, and no characters
+/// that only steer how text is shown (bidirectional overrides, zero-width ones).
 fn said(reason: &[u8]) -> String {
     let end = reason.iter().position(|&b| b == 0).unwrap_or(reason.len());
-    String::from_utf8_lossy(&reason[..end])
+    let steers = |c: char| {
+        matches!(
+            c,
+            '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}'
+        )
+    };
+    let text: String = String::from_utf8_lossy(&reason[..end])
         .chars()
-        .filter(|c| !c.is_control())
-        .collect()
+        .filter(|&c| !steers(c))
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::TcpListener;
+
     use super::*;
+
+    /// What process 0, holding `key`, makes of a farewell from process 1 dialed by hand
+    /// with the same key, whose proof covers `signed` but which sends `sent`.
+    fn farewell_by_hand(key: &hmac::Key, signed: &str, sent: &str) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let acceptor_key = key.clone();
+        let acceptor = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            stream.set_nonblocking(true).unwrap();
+            let mut greeting = Greeting::new(stream);
+            loop {
+                match greeting.poll(0, &acceptor_key) {
+                    Greeted::Pending(g) => greeting = g,
+                    Greeted::Gone(p, why) => return format!("gone {p}: {why}"),
+                    Greeted::Unproved(p) => return format!("unproved {p}"),
+                    Greeted::Peer(..) => return "peer".into(),
+                    Greeted::Stranger => return "stranger".into(),
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let mut stream = TcpStream::connect(at).unwrap();
+        let mine = [5u8; NONCE];
+        stream
+            .write_all(&[&HELLO_GONE[..], &1u64.to_le_bytes(), &mine].concat())
+            .unwrap();
+        let mut answer = [0u8; ANSWER];
+        stream.read_exact(&mut answer).unwrap();
+        let theirs = &answer[16..16 + NONCE];
+        let mut proved = covered(b'D', HELLO_GONE, (1, 0), [&mine, theirs]);
+        proved.extend_from_slice(&reason(signed));
+        let tag = hmac::sign(key, &proved);
+        stream
+            .write_all(&[tag.as_ref(), &reason(sent)[..]].concat())
+            .unwrap();
+        acceptor.join().unwrap()
+    }
+
+    #[test]
+    fn a_farewell_is_believed_only_as_it_was_signed() {
+        let key = key(Some(&ClusterSecret::new(b"0123456789abcdef").unwrap()));
+        let why = "input a.parquet: no such file";
+        assert_eq!(farewell_by_hand(&key, why, why), format!("gone 1: {why}"));
+        // One byte of the reason changed on the way: not believed.
+        let changed = "input b.parquet: no such file";
+        assert_eq!(farewell_by_hand(&key, why, changed), "unproved 1");
+    }
 
     #[test]
     fn a_reason_is_cut_where_a_character_starts_and_read_as_one_line() {
@@ -426,7 +485,10 @@ mod tests {
         let bytes = reason(&why);
         assert_eq!(said(&bytes), "€".repeat(66));
         assert_eq!(said(&reason("short")), "short");
-        assert_eq!(said(&reason("two\nlines\r\tand a bell\u{7}")), "twolinesand a bell");
+        assert_eq!(
+            said(&reason("two\nlines\r\tand a\u{7}bell \u{202e}\u{2028}x")),
+            "two lines and a bell x"
+        );
         // What a peer sends need not be UTF-8.
         let mut odd = [0u8; REASON];
         odd[..3].copy_from_slice(&[b'a', 0xff, b'b']);

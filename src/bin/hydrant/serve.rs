@@ -99,6 +99,10 @@ struct Opened {
     listener: std::net::TcpListener,
     local: std::net::SocketAddr,
     pushed: bool,
+    /// The certificate and key, as read (checked as TLS when the server is made).
+    tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// This process's Flight location, in a cluster.
+    here: Option<String>,
 }
 
 fn open(args: &ServeArgs) -> Result<Opened> {
@@ -168,6 +172,20 @@ fn open(args: &ServeArgs) -> Result<Opened> {
             spec.name
         )));
     }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let read = |flag: &str, path: &PathBuf| {
+                hydrant::operators::read_small_file(path, 1 << 20)
+                    .map_err(|e| Error::Usage(format!("{flag} {}: {e}", path.display())))
+            };
+            Some((read("--tls-cert", cert)?, read("--tls-key", key)?))
+        }
+        _ => None,
+    };
+    let here = match args.common.processes {
+        1 => None,
+        _ => Some(location(args, local)?),
+    };
     Ok(Opened {
         addr,
         auth,
@@ -175,6 +193,8 @@ fn open(args: &ServeArgs) -> Result<Opened> {
         listener,
         local,
         pushed,
+        tls,
+        here,
     })
 }
 
@@ -191,7 +211,22 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         listener,
         local,
         pushed,
+        tls,
+        here,
     } = open(args).map_err(told)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            told(Error::Usage(format!(
+                "cannot start the server runtime: {e}"
+            )))
+        })?;
+    if let Some(m) = args.metrics_listen {
+        let _inside = runtime.enter();
+        hydrant::metrics::export(m).map_err(told)?;
+    }
     let mut on_cluster = None;
     let served = if pushed {
         let follows = args.follow.is_some();
@@ -216,7 +251,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             // Every process's Flight location, told through the cluster with what it
             // serves: processes that serve other jobs would deliver garbage together.
             let job = (&*inputs, &*plan, &state, &delivery);
-            let here = location(args, local).map_err(told)?;
+            let here = here.ok_or_else(|| Error::Dataflow("no Flight location".into()))?;
             let locations = runtime::same_served(&cluster, job, here)?;
             on_cluster = Some((cluster.clone(), locations));
         }
@@ -227,21 +262,11 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             state,
             delivery,
             cluster.workers,
-        )
-        .map_err(told)?
+        )?
     }
     .with_replay_bytes(args.replay_mib << 20)
     .with_idle_timeout(Duration::from_secs(args.idle_timeout))
     .with_absent_after(Duration::from_secs(args.absent_after));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            told(Error::Usage(format!(
-                "cannot start the server runtime: {e}"
-            )))
-        })?;
     let served = match on_cluster {
         Some((cluster, locations)) => {
             let _inside = runtime.enter();
@@ -278,20 +303,12 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     hydrant_flight::quiet_decoder_panics();
     let mut server =
         hydrant_flight::FlightServer::new(vec![served.clone()], auth, args.max_message_bytes);
-    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        let read = |flag: &str, path: &PathBuf| {
-            hydrant::operators::read_small_file(path, 1 << 20)
-                .map_err(|e| Error::Usage(format!("{flag} {}: {e}", path.display())))
-        };
+    if let Some((cert, key)) = &tls {
         server = server
-            .with_tls(&read("--tls-cert", cert)?, &read("--tls-key", key)?)
+            .with_tls(cert, key)
             .map_err(|e| Error::Usage(format!("--tls-cert/--tls-key: {e}")))?;
     }
-    let metrics_listen = args.metrics_listen;
     let outcome = runtime.block_on(async move {
-        if let Some(m) = metrics_listen {
-            hydrant::metrics::export(m)?;
-        }
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
         let ready = json!({
