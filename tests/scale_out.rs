@@ -417,6 +417,54 @@ fn a_process_that_fails_before_joining_stops_the_others_at_once() {
     }
 }
 
+/// A hostfile may list more hosts than the job's processes (one file for every job of a
+/// set of nodes): the processes use its first lines and wait for no one else.
+#[test]
+fn a_hostfile_may_list_more_hosts_than_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    let hosts = dir.path().join("hosts");
+    let lines: String = (0..4)
+        .map(|_| format!("127.0.0.1:{}\n", free_port()))
+        .collect();
+    std::fs::write(&hosts, lines).unwrap();
+    let started = Instant::now();
+    let children: Vec<_> = (0..2)
+        .map(|p: usize| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+                .args(null_args(&io, &toml, &["--ranks", "2", "--workers", "1"]))
+                .args([
+                    "--processes",
+                    "2",
+                    "--process",
+                    &p.to_string(),
+                    "--hostfile",
+                ])
+                .arg(&hosts)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let rows: u64 = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .map(|o| {
+            let said = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{said}");
+            let out = String::from_utf8_lossy(&o.stdout);
+            let summary: serde_json::Value =
+                serde_json::from_str(out.lines().last().unwrap()).unwrap();
+            summary["rows"].as_u64().unwrap()
+        })
+        .sum();
+    assert_eq!(rows, 1_003);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
 /// A process whose cluster port is taken cannot join: it tells the others, which stop at
 /// once naming it, rather than waiting out the join's minute.
 #[test]
