@@ -40,6 +40,30 @@ fn null_args<'a>(io: &'a (PathBuf, PathBuf), toml: &'a Path, extra: &[&'a str]) 
     args
 }
 
+/// Process `p` of the 2-process cluster of `hosts` (one worker), running the Criteo
+/// pipeline over `io` (or over `input` instead) into the null sink, its output piped.
+fn cluster_process(
+    io: &(PathBuf, PathBuf),
+    hosts: &Path,
+    p: usize,
+    input: Option<&Path>,
+) -> std::process::Child {
+    let toml = criteo_toml();
+    let mut args = null_args(io, &toml, &["--ranks", "2", "--workers", "1"]);
+    if let Some(input) = input {
+        args[4] = input.to_str().unwrap();
+    }
+    let process = p.to_string();
+    std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .args(args)
+        .args(["--processes", "2", "--process", &process, "--hostfile"])
+        .arg(hosts)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// A cluster of 2 processes of 1 worker running `args`, both still running after 1.5 s.
 fn running_cluster(dir: &Path, args: &[&str]) -> Vec<std::process::Child> {
     let mut children = spawn_cluster(dir, 2, 1, args);
@@ -350,7 +374,6 @@ fn processes_started_differently_refuse_to_run() {
 fn a_process_that_fails_before_joining_stops_the_others_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let io = inputs(dir.path());
-    let toml = criteo_toml();
     let missing = dir.path().join("missing.parquet");
     let hosts = dir.path().join("hosts");
     let ports = [free_port(), free_port()];
@@ -359,22 +382,7 @@ fn a_process_that_fails_before_joining_stops_the_others_at_once() {
         format!("127.0.0.1:{}\n127.0.0.1:{}\n", ports[0], ports[1]),
     )
     .unwrap();
-    let start = |p: usize| {
-        let mut args: Vec<&str> = null_args(&io, &toml, &["--ranks", "2", "--workers", "1"]);
-        if p == 1 {
-            args[4] = missing.to_str().unwrap();
-        }
-        let process = p.to_string();
-        let cluster = ["--processes", "2", "--process", &process, "--hostfile"];
-        std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-            .args(args)
-            .args(cluster)
-            .arg(&hosts)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let start = |p: usize| cluster_process(&io, &hosts, p, (p == 1).then_some(&*missing));
     for process_1_first in [false, true] {
         let started = Instant::now();
         let (mut process_0, mut process_1) = if process_1_first {
@@ -423,7 +431,6 @@ fn a_process_that_fails_before_joining_stops_the_others_at_once() {
 fn a_hostfile_may_list_more_hosts_than_processes() {
     let dir = tempfile::tempdir().unwrap();
     let io = inputs(dir.path());
-    let toml = criteo_toml();
     let hosts = dir.path().join("hosts");
     let lines: String = (0..4)
         .map(|_| format!("127.0.0.1:{}\n", free_port()))
@@ -431,22 +438,7 @@ fn a_hostfile_may_list_more_hosts_than_processes() {
     std::fs::write(&hosts, lines).unwrap();
     let started = Instant::now();
     let children: Vec<_> = (0..2)
-        .map(|p: usize| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-                .args(null_args(&io, &toml, &["--ranks", "2", "--workers", "1"]))
-                .args([
-                    "--processes",
-                    "2",
-                    "--process",
-                    &p.to_string(),
-                    "--hostfile",
-                ])
-                .arg(&hosts)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+        .map(|p| cluster_process(&io, &hosts, p, None))
         .collect();
     let rows: u64 = children
         .into_iter()
@@ -471,29 +463,13 @@ fn a_hostfile_may_list_more_hosts_than_processes() {
 fn a_process_whose_cluster_port_is_taken_stops_the_others_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let io = inputs(dir.path());
-    let toml = criteo_toml();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let hosts = dir.path().join("hosts");
     let taken_at = taken.local_addr().unwrap().to_string();
     std::fs::write(&hosts, format!("127.0.0.1:{}\n{taken_at}\n", free_port())).unwrap();
     let started = Instant::now();
     let children: Vec<_> = (0..2)
-        .map(|p: usize| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-                .args(null_args(&io, &toml, &["--ranks", "2", "--workers", "1"]))
-                .args([
-                    "--processes",
-                    "2",
-                    "--process",
-                    &p.to_string(),
-                    "--hostfile",
-                ])
-                .arg(&hosts)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+        .map(|p| cluster_process(&io, &hosts, p, None))
         .collect();
     let said: Vec<String> = children
         .into_iter()
