@@ -26,6 +26,9 @@ const JOIN_POLL: Duration = Duration::from_millis(10);
 /// ([`Cluster::give_up`]): long enough for peers started a little later to listen.
 pub const GIVE_UP_WAIT: Duration = Duration::from_secs(5);
 
+/// The most threads [`Cluster::give_up`] tells peers from.
+const TELLERS: usize = 16;
+
 /// Where the dataflow runs: threads in this process, and optionally several processes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cluster {
@@ -171,9 +174,9 @@ impl Cluster {
     /// Tells the other processes, which may be waiting for this one to join (at start-up,
     /// or between the jobs of one command), that it stopped and why: they end their join
     /// at once with one line naming this process and `why`, not after [`JOIN_TIMEOUT`].
-    /// Tries every peer at once, each until told or [`GIVE_UP_WAIT`] has passed (a peer
-    /// not listening yet may still start; a dial under way then still finishes, a few
-    /// seconds at most), and returns the peers told. Call it only where this process has
+    /// Tries the peers from several threads at once, each until told or [`GIVE_UP_WAIT`]
+    /// has passed (a peer not listening yet may still start; a dial under way then still
+    /// finishes, a few seconds at most), and returns the peers told. Call it only where this process has
     /// not joined the job that failed: peers that have are told by its heartbeats, and
     /// are not listening. Nothing to do for one process.
     pub fn give_up(&self, why: &str) -> Vec<usize> {
@@ -187,27 +190,58 @@ impl Cluster {
         };
         let key = handshake::key(self.secret.as_ref());
         let (me, deadline) = (self.process, Instant::now() + wait);
-        let tell = |p: usize| loop {
-            match handshake::farewell(&addresses[p], (me, p), &key, why) {
-                Ok(()) => return true,
-                // Not of this cluster (another secret, another program): not told.
-                Err(NotJoined::Refused(_)) => return false,
-                Err(NotJoined::NotYet | NotJoined::Unanswered) if Instant::now() < deadline => {
-                    std::thread::sleep(JOIN_POLL);
+        // Tells `peers` in turn, again and again, until each is told, is not of this
+        // cluster, or the time is up; returns those told.
+        let tell = |peers: Vec<usize>| {
+            let (mut left, mut told) = (peers, Vec::new());
+            while !left.is_empty() {
+                left.retain(
+                    |&p| match handshake::farewell(&addresses[p], (me, p), &key, why) {
+                        Ok(()) => {
+                            told.push(p);
+                            false
+                        }
+                        // Not of this cluster (another secret, another program).
+                        Err(NotJoined::Refused(_)) => false,
+                        Err(NotJoined::NotYet | NotJoined::Unanswered) => true,
+                    },
+                );
+                if Instant::now() >= deadline {
+                    break;
                 }
-                Err(_) => return false,
+                std::thread::sleep(JOIN_POLL);
             }
+            told
         };
-        std::thread::scope(|s| {
-            let tellers: Vec<_> = (0..self.processes)
-                .filter(|&p| p != me)
-                .map(|p| (p, s.spawn(move || tell(p))))
+        // A few threads share the peers, so that a slow peer (a dial may take seconds)
+        // holds up only its share, and a cluster of thousands starts no more threads.
+        let peers: Vec<usize> = (0..self.processes).filter(|&p| p != me).collect();
+        let threads = peers.len().min(TELLERS);
+        let shares: Vec<Vec<usize>> = (0..threads)
+            .map(|t| peers.iter().copied().skip(t).step_by(threads).collect())
+            .collect();
+        let mut told: Vec<usize> = std::thread::scope(|s| {
+            let tellers: Vec<_> = shares
+                .into_iter()
+                .map(|share| {
+                    let mine = share.clone();
+                    std::thread::Builder::new()
+                        .name("hydrant-give-up".into())
+                        .spawn_scoped(s, move || tell(mine))
+                        .map_err(|_| share)
+                })
                 .collect();
             tellers
                 .into_iter()
-                .filter_map(|(p, t)| matches!(t.join(), Ok(true)).then_some(p))
+                .flat_map(|t| match t {
+                    Ok(thread) => thread.join().unwrap_or_default(),
+                    // No thread to be had: told from here, after the others.
+                    Err(share) => tell(share),
+                })
                 .collect()
-        })
+        });
+        told.sort_unstable();
+        told
     }
 }
 
@@ -642,7 +676,8 @@ mod tests {
         assert!(Cluster::local(2).give_up("no peers").is_empty());
         let wait = Duration::from_millis(300);
         let started = Instant::now();
-        let addresses = vec![free(), free(), free()];
+        // More peers than threads tell them.
+        let addresses: Vec<String> = (0..TELLERS * 2 + 3).map(|_| free()).collect();
         let told = process_of(dir.path(), &addresses, 1).give_up_within("no one listens", wait);
         assert!(told.is_empty());
         let took = started.elapsed();
