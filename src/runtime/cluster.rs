@@ -217,26 +217,20 @@ impl Cluster {
         // holds up only its share, and a cluster of thousands starts no more threads.
         let peers: Vec<usize> = (0..self.processes).filter(|&p| p != me).collect();
         let threads = peers.len().min(TELLERS);
-        let shares: Vec<Vec<usize>> = (0..threads)
-            .map(|t| peers.iter().copied().skip(t).step_by(threads).collect())
-            .collect();
+        let share = |t: usize| peers.iter().copied().skip(t).step_by(threads).collect();
         let mut told: Vec<usize> = std::thread::scope(|s| {
-            let tellers: Vec<_> = shares
-                .into_iter()
-                .map(|share| {
-                    let mine = share.clone();
-                    std::thread::Builder::new()
-                        .name("hydrant-give-up".into())
-                        .spawn_scoped(s, move || tell(mine))
-                        .map_err(|_| share)
+            let tellers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let thread = std::thread::Builder::new().name("hydrant-give-up".into());
+                    (t, thread.spawn_scoped(s, move || tell(share(t))))
                 })
                 .collect();
             tellers
                 .into_iter()
-                .flat_map(|t| match t {
+                .flat_map(|(t, thread)| match thread {
                     Ok(thread) => thread.join().unwrap_or_default(),
                     // No thread to be had: told from here, after the others.
-                    Err(share) => tell(share),
+                    Err(_) => tell(share(t)),
                 })
                 .collect()
         });

@@ -299,7 +299,7 @@ pub(super) enum Greeted {
     /// A greeting as process `p`, whose proof was wrong (or refused the answer).
     Unproved(usize),
     /// Process `p`, proved, stopped before joining: why (as it said, cut to [`REASON`]
-    /// bytes, control characters dropped).
+    /// bytes, as one line: see `said`).
     Gone(usize, String),
     /// Anything else: closed, silent past [`GREETING_TIMEOUT`], or not a greeting.
     Stranger,
@@ -421,7 +421,7 @@ fn said(reason: &[u8]) -> String {
         .filter(|&c| !steers(c))
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    crate::error::one_line(text)
 }
 
 #[cfg(test)]

@@ -339,31 +339,17 @@ pub(crate) fn told_peers(common: &Common, e: Error) -> Error {
     if common.processes < 2 {
         return e;
     }
-    let secret = match common.cluster_secret_file.as_deref() {
-        Some(path) => match ClusterSecret::from_file(path) {
-            Ok(secret) => Some(secret),
-            Err(_) => return e,
-        },
-        None => None,
-    };
-    let _ = GIVE_UP.set(Cluster {
-        workers: 1,
-        processes: common.processes,
-        process: common.process,
-        hostfile: common.hostfile.clone(),
-        secret,
-    });
+    if let Ok(cluster) = cluster_of(common, 1) {
+        let _ = GIVE_UP.set(cluster);
+    }
     e
 }
 
-/// The pipeline of a command, checked against its inputs (and its state, if given).
-fn prepare(
-    common: &Common,
-    state: Option<&Path>,
-    delivery: Option<&DeliveryArgs>,
-) -> Result<Pipeline> {
-    let cluster = Cluster {
-        workers: workers(common, None),
+/// The cluster of `common`'s options, with `workers` threads a process; fails if its
+/// secret file cannot be read.
+fn cluster_of(common: &Common, workers: usize) -> Result<Cluster> {
+    Ok(Cluster {
+        workers,
         processes: common.processes,
         process: common.process,
         hostfile: common.hostfile.clone(),
@@ -372,7 +358,16 @@ fn prepare(
             .as_deref()
             .map(ClusterSecret::from_file)
             .transpose()?,
-    };
+    })
+}
+
+/// The pipeline of a command, checked against its inputs (and its state, if given).
+fn prepare(
+    common: &Common,
+    state: Option<&Path>,
+    delivery: Option<&DeliveryArgs>,
+) -> Result<Pipeline> {
+    let cluster = cluster_of(common, workers(common, None))?;
     let options = match delivery {
         Some(d) => d.options(cluster)?,
         None => RunOptions {

@@ -247,11 +247,10 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                     .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?
             }
         };
-        if cluster.processes > 1 {
+        if let Some(here) = here {
             // Every process's Flight location, told through the cluster with what it
             // serves: processes that serve other jobs would deliver garbage together.
             let job = (&*inputs, &*plan, &state, &delivery);
-            let here = here.ok_or_else(|| Error::Dataflow("no Flight location".into()))?;
             let locations = runtime::same_served(&cluster, job, here)?;
             on_cluster = Some((cluster.clone(), locations));
         }
