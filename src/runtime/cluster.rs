@@ -4,6 +4,7 @@
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use timely::WorkerConfig;
@@ -176,9 +177,11 @@ impl Cluster {
     /// at once with one line naming this process and `why`, not after [`JOIN_TIMEOUT`].
     /// Tries the peers from several threads at once, each until told or [`GIVE_UP_WAIT`]
     /// has passed (a peer not listening yet may still start; a dial under way then still
-    /// finishes, a few seconds at most), and returns the peers told. Call it only where this process has
-    /// not joined the job that failed: peers that have are told by its heartbeats, and
-    /// are not listening. Nothing to do for one process.
+    /// finishes, a few seconds at most), and returns the peers told. Meanwhile it listens
+    /// on this process's port for the same word from its peers: a peer that stopped too
+    /// is not waited for. Call it only where this process has not joined the job that
+    /// failed: peers that have are told by its heartbeats, and are not listening. Nothing
+    /// to do for one process.
     pub fn give_up(&self, why: &str) -> Vec<usize> {
         self.give_up_within(why, GIVE_UP_WAIT)
     }
@@ -190,13 +193,22 @@ impl Cluster {
         };
         let key = handshake::key(self.secret.as_ref());
         let (me, deadline) = (self.process, Instant::now() + wait);
-        // Tells `peers` in turn, again and again, until each is told, is not of this
-        // cluster, or the time is up; returns those told.
+        // Peers that said they stopped too: not told. When every process fails the same
+        // way (the same wrong path on every node), each hears the others at once and
+        // none waits out `wait` for peers that will never listen.
+        let gone: Vec<AtomicBool> = (0..self.processes)
+            .map(|_| AtomicBool::new(false))
+            .collect();
+        // Tells `peers` in turn, again and again, until each is told, has gone, is not of
+        // this cluster, or the time is up; returns those told.
         let tell = |peers: Vec<usize>| {
             let (mut left, mut told) = (peers, Vec::new());
             while !left.is_empty() {
-                left.retain(
-                    |&p| match handshake::farewell(&addresses[p], (me, p), &key, why) {
+                left.retain(|&p| {
+                    if gone[p].load(Ordering::Relaxed) {
+                        return false;
+                    }
+                    match handshake::farewell(&addresses[p], (me, p), &key, why) {
                         Ok(()) => {
                             told.push(p);
                             false
@@ -204,8 +216,8 @@ impl Cluster {
                         // Not of this cluster (another secret, another program).
                         Err(NotJoined::Refused(_)) => false,
                         Err(NotJoined::NotYet | NotJoined::Unanswered) => true,
-                    },
-                );
+                    }
+                });
                 if Instant::now() >= deadline {
                     break;
                 }
@@ -213,6 +225,11 @@ impl Cluster {
             }
             told
         };
+        // This process's own port, to hear the others' farewells on (where it is free:
+        // not when it failed because its port is taken).
+        let listener = TcpListener::bind(&addresses[me])
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .ok();
         // A few threads share the peers, so that a slow peer (a dial may take seconds)
         // holds up only its share, and a cluster of thousands starts no more threads.
         let peers: Vec<usize> = (0..self.processes).filter(|&p| p != me).collect();
@@ -225,6 +242,14 @@ impl Cluster {
                     (t, thread.spawn_scoped(s, move || tell(share(t))))
                 })
                 .collect();
+            if let Some(listener) = &listener {
+                let telling = || {
+                    tellers
+                        .iter()
+                        .any(|(_, t)| t.as_ref().is_ok_and(|t| !t.is_finished()))
+                };
+                hear_farewells(listener, me, &key, &gone, telling);
+            }
             tellers
                 .into_iter()
                 .flat_map(|(t, thread)| match thread {
@@ -236,6 +261,33 @@ impl Cluster {
         });
         told.sort_unstable();
         told
+    }
+}
+
+/// Marks in `gone` each peer whose farewell `listener` hears, while `telling`: a process
+/// giving up answers farewells only (see [`Greeting::farewell_only`]).
+fn hear_farewells(
+    listener: &TcpListener,
+    me: usize,
+    key: &ring::hmac::Key,
+    gone: &[AtomicBool],
+    telling: impl Fn() -> bool,
+) {
+    let mut greeting: Vec<Greeting> = Vec::new();
+    while telling() {
+        while let Ok((stream, _)) = listener.accept() {
+            if stream.set_nonblocking(true).is_ok() {
+                greeting.push(Greeting::farewell_only(stream));
+            }
+        }
+        for g in std::mem::take(&mut greeting) {
+            match g.poll(me, key) {
+                Greeted::Pending(g) => greeting.push(g),
+                Greeted::Gone(p, _) if p < gone.len() => gone[p].store(true, Ordering::Relaxed),
+                _ => {}
+            }
+        }
+        std::thread::sleep(JOIN_POLL);
     }
 }
 
@@ -678,6 +730,52 @@ mod tests {
         assert!(
             took >= wait && took < wait + Duration::from_secs(2),
             "{took:?}"
+        );
+    }
+
+    /// Every process failing the same way (the same wrong path on every node): each hears
+    /// the others' farewells and ends at once, not after the wait for peers to listen.
+    #[test]
+    fn processes_that_all_give_up_end_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let addresses: Vec<String> = (0..3).map(|_| free()).collect();
+        let cluster: Vec<Cluster> = (0..3)
+            .map(|p| process_of(dir.path(), &addresses, p))
+            .collect();
+        let wait = Duration::from_secs(5);
+        let started = Instant::now();
+        let took: Vec<Duration> = std::thread::scope(|s| {
+            let giving_up: Vec<_> = cluster
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        c.give_up_within("input data.parquet: No such file", wait);
+                        started.elapsed()
+                    })
+                })
+                .collect();
+            giving_up.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert!(took.iter().all(|&t| t < Duration::from_secs(2)), "{took:?}");
+    }
+
+    /// A process that gives up lets no peer join it: the peer, which dials it, hears why
+    /// it stopped rather than joining a process that is leaving.
+    #[test]
+    fn a_process_that_gives_up_lets_no_peer_join_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let addresses = vec![free(), free()];
+        let a = addresses.clone();
+        let key = handshake::key(None);
+        // Process 1 dials process 0 from the start.
+        let second = std::thread::spawn(move || join_at(&a, 1, Duration::from_secs(30), &key));
+        std::thread::sleep(Duration::from_millis(100));
+        let leaving = process_of(dir.path(), &addresses, 0);
+        leaving.give_up_within("state s.json: not a fitted state", Duration::from_secs(2));
+        let err = second.join().unwrap().unwrap_err().to_string();
+        assert!(
+            err.contains("process 0 (") && err.contains("stopped before joining the cluster"),
+            "{err}"
         );
     }
 

@@ -277,6 +277,8 @@ pub(super) struct Greeting {
     stream: TcpStream,
     got: Vec<u8>,
     since: Instant,
+    /// The purposes answered; any other greeting is dropped unanswered.
+    purposes: &'static [&'static [u8; 8]],
     /// Once its greeting is read and answered.
     answered: Option<Answered>,
 }
@@ -306,12 +308,24 @@ pub(super) enum Greeted {
 }
 
 impl Greeting {
-    /// `stream`, accepted and set non-blocking.
+    /// `stream`, accepted and set non-blocking, greeted for any purpose.
     pub fn new(stream: TcpStream) -> Self {
+        Greeting::for_purposes(stream, &[HELLO, HELLO_BEAT, HELLO_GONE])
+    }
+
+    /// `stream`, accepted and set non-blocking, greeted only if it brings a farewell: a
+    /// process that gives up hears its peers' farewells but joins no one (a peer it let
+    /// join would take its silence for a loss, not hear why it stopped).
+    pub fn farewell_only(stream: TcpStream) -> Self {
+        Greeting::for_purposes(stream, &[HELLO_GONE])
+    }
+
+    fn for_purposes(stream: TcpStream, purposes: &'static [&'static [u8; 8]]) -> Self {
         Greeting {
             stream,
             got: Vec::with_capacity(GREETING),
             since: Instant::now(),
+            purposes,
             answered: None,
         }
     }
@@ -371,8 +385,9 @@ impl Greeting {
 
     /// Answers a whole greeting with this side's purpose, index, nonce and tag.
     fn answer(mut self, me: usize, key: &hmac::Key) -> Greeted {
-        let Some(hello) = [HELLO, HELLO_BEAT, HELLO_GONE]
-            .into_iter()
+        let Some(&hello) = self
+            .purposes
+            .iter()
             .find(|k| &self.got[..8] == k.as_slice())
         else {
             return Greeted::Stranger;
