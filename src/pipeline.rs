@@ -110,6 +110,15 @@ impl RunOptions {
                 self.epochs - 1
             )));
         }
+        if self.epochs > plan.max_epochs() {
+            return Err(Error::Usage(format!(
+                "--epochs {}: at most {} epochs of this input can be numbered (a row's place \
+                 in the run, epoch × {} rows + its position, is a 64-bit number)",
+                self.epochs,
+                plan.max_epochs(),
+                plan.rows()
+            )));
+        }
         if self.start_step > plan.steps() {
             return Err(Error::Usage(format!(
                 "--start-step {} is past the end of the epoch ({} steps)",

@@ -53,6 +53,22 @@ fn arguments_are_checked_before_anything_runs() {
         ("run", vec!["--step-ms", "inf"], "--step-ms"),
         ("run", vec!["--step-ms=-1"], "--step-ms"),
         ("run", vec!["--learning-rate", "NaN"], "--learning-rate"),
+        // An epoch's rows are numbered in 64 bits: 2,000 rows give 9.2e15 epochs.
+        (
+            "run",
+            vec![
+                "--epochs",
+                "18446744073709551615",
+                "--start-epoch",
+                "18446744073709551614",
+            ],
+            "at most 9223372036854775 epochs",
+        ),
+        (
+            "serve",
+            vec!["--epochs", "9223372036854776"],
+            "at most 9223372036854775 epochs",
+        ),
         ("run", vec!["--workers", "0"], "--workers"),
         ("run", vec!["--workers", "100000"], "--workers"),
         ("run", vec!["--ranks", "0"], "--ranks"),
@@ -69,6 +85,17 @@ fn arguments_are_checked_before_anything_runs() {
             "--max-message-bytes",
         ),
         ("serve", vec!["--absent-after", "0"], "--absent-after"),
+        (
+            "serve",
+            vec!["--token-ttl", "18446744073709551615"],
+            "--token-ttl",
+        ),
+        ("serve", vec!["--token-ttl", "366d"], "from 1 to 31536000"),
+        (
+            "serve",
+            vec!["--advertise", "bad host:%%"],
+            "expected HOST:PORT",
+        ),
         ("serve", vec!["--absent-after", "1e9"], "--absent-after"),
     ] {
         let mut args = vec![command];
@@ -107,6 +134,26 @@ fn workers_beyond_the_work_are_not_started() {
     // One unit of input, two ranks: two workers have something to do.
     assert_eq!(summary["workers"], 2, "{summary}");
     assert_eq!(summary["rows"], 2_000);
+}
+
+/// More ranks than threads can be had: the null sink reads them from a bounded number of
+/// threads (one a rank aborted the process at about 96,000 here), and the trainer demo,
+/// which needs a thread a rank, refuses them up front.
+#[test]
+fn ranks_beyond_the_threads_to_be_had_are_read_all_the_same() {
+    let (_dir, input) = small_criteo();
+    let toml = criteo_toml();
+    let args = run_of(&toml, Path::new(&input), &["--ranks", "100000"]);
+    let summary = hydrant_ok(&[&args[..], &["--batch-size", "1"]].concat());
+    assert_eq!(summary["rows"], 2_000, "{}", summary["rows"]);
+    assert_eq!(summary["batches"], 100_000, "{}", summary["batches"]);
+    let steps = summary["steps_per_rank"].as_array().unwrap();
+    assert!(steps.len() == 100_000 && steps.iter().all(|s| s == 1));
+    let err = err_within(
+        Duration::from_secs(10),
+        &[&args[..], &["--sink", "train:logreg"]].concat(),
+    );
+    assert!(err.contains("at most 1024 ranks"), "{err}");
 }
 
 #[test]
@@ -190,6 +237,27 @@ fn inputs_that_are_not_plain_files_or_change_while_read() {
         &["run", "--pipeline", toml, "--input", "/dev/zero"],
     );
     assert!(err.contains("not a regular file"), "{err}");
+    // A cluster's hostfile too.
+    let err = err_within(
+        Duration::from_secs(10),
+        &[
+            "run",
+            "--pipeline",
+            toml,
+            "--input",
+            &input,
+            "--processes",
+            "2",
+            "--process",
+            "1",
+            "--hostfile",
+            &fifo,
+        ],
+    );
+    assert!(
+        err.contains("hostfile") && err.contains("not a regular file"),
+        "{err}"
+    );
 
     // Hidden and `_` files in a folder are not data.
     std::fs::create_dir(p("folder")).unwrap();

@@ -75,6 +75,9 @@ pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 const MAX_PEERS: usize = 4096;
 /// How long a token lives unless told otherwise.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The longest a token may live: a year (a longer one is cut to this; `--token-ttl`
+/// refuses it).
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 struct User {
     name: String,
@@ -177,9 +180,10 @@ impl Auth {
         }
     }
 
-    /// Tokens expire `ttl` after their login (default [`DEFAULT_TTL`]).
+    /// Tokens expire `ttl` after their login (default [`DEFAULT_TTL`], at most
+    /// [`MAX_TTL`]).
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.ttl = ttl.min(MAX_TTL);
         self
     }
 
@@ -357,6 +361,17 @@ mod tests {
         std::thread::sleep(Duration::from_millis(60));
         let e = auth.check(Some(&bearer), Role::Train).unwrap_err();
         assert!(e.to_string().contains("expired"), "{e}");
+    }
+
+    /// A lifetime past what an `Instant` can add (`u64::MAX` seconds) is cut to a year:
+    /// logins work, where each panicked before.
+    #[test]
+    fn a_lifetime_too_long_is_cut_to_a_year() {
+        let auth = Auth::new(vec![("alice".into(), "s3cret".into())])
+            .with_ttl(Duration::from_secs(u64::MAX));
+        let bearer = auth.handshake(Some(&basic("alice:s3cret")), None).unwrap();
+        assert!(auth.check(Some(&bearer), Role::Train).is_ok());
+        assert_eq!(auth.ttl, MAX_TTL);
     }
 
     #[test]

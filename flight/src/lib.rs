@@ -32,7 +32,7 @@ mod idle;
 mod service;
 mod ticket;
 
-pub use auth::{Auth, AuthError, DEFAULT_TTL, Denied, FAILURE_WINDOW, MAX_FAILURES, Role};
+pub use auth::{Auth, AuthError, DEFAULT_TTL, Denied, FAILURE_WINDOW, MAX_FAILURES, MAX_TTL, Role};
 pub use check::{
     Guarded, MAX_PUSH_ROWS, check_ipc_message, check_message, decode_guarded, decode_quietly,
     decoding, quiet_decoder_panics,

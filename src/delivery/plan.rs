@@ -123,6 +123,12 @@ impl EpochPlan {
         self.rows.min(self.steps() * self.step_rows())
     }
 
+    /// How many epochs a run can number: every row's place in the run (`epoch · rows +
+    /// position`) and every step's time (`epoch · steps + step`) fit in 64 bits.
+    pub fn max_epochs(&self) -> u64 {
+        u64::MAX / self.rows.max(self.steps()).max(1)
+    }
+
     /// Whether rows are shuffled.
     pub fn shuffled(&self) -> bool {
         self.placement.shuffled()

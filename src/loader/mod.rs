@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::buffer::{BooleanBuffer, ScalarBuffer};
 use arrow::datatypes::{ArrowPrimitiveType, DataType, Float32Type, Int64Type, UInt64Type};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, bounded};
 use hydrant_operators::{ErrorSlot, ROW_ID};
 
 use crate::delivery::{IS_PADDING, RankBatch, StepMeta};
@@ -314,6 +314,30 @@ impl Loader {
         got
     }
 
+    /// The next batch if one is ready, without waiting: for a reader that takes turns
+    /// over several ranks, which must not wait on one rank while another has a batch (the
+    /// dataflow may be waiting for room in any rank's queue). Not counted as stall time.
+    pub fn try_next_batch(&self) -> Ready {
+        match self.rx.try_recv() {
+            Ok(got) => {
+                match &got {
+                    Ok(_) => drop(self.stats.batches.fetch_add(1, Ordering::Relaxed)),
+                    Err(_) => self.failed.store(true, Ordering::Relaxed),
+                }
+                Ready::Batch(got)
+            }
+            Err(TryRecvError::Empty) => match self.errors.get() {
+                None => Ready::Waiting,
+                Some(e) => self.fail(e).map_or(Ready::Done, Ready::Batch),
+            },
+            Err(TryRecvError::Disconnected) => self
+                .errors
+                .get()
+                .and_then(|e| self.fail(e))
+                .map_or(Ready::Done, Ready::Batch),
+        }
+    }
+
     /// The run's error `e`, for the first caller only.
     fn fail(&self, e: String) -> Option<Result<TrainingBatch>> {
         (!self.failed.swap(true, Ordering::Relaxed)).then(|| Err(Error::Dataflow(e)))
@@ -333,6 +357,20 @@ impl Loader {
     pub fn received(&self) -> u64 {
         self.stats.batches.load(Ordering::Relaxed)
     }
+}
+
+/// What [`Loader::try_next_batch`] found.
+// Moved out at once, as `next_batch`'s `Option<Result<TrainingBatch>>` is, which is as
+// large: boxing the batch would allocate once a batch for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Ready {
+    /// The next batch, or the run's error (once).
+    Batch(Result<TrainingBatch>),
+    /// No batch yet.
+    Waiting,
+    /// The rank has no more batches.
+    Done,
 }
 
 /// How often a waiting loader (or actor) looks whether the run has failed.

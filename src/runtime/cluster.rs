@@ -27,6 +27,9 @@ const JOIN_POLL: Duration = Duration::from_millis(10);
 /// ([`Cluster::give_up`]): long enough for peers started a little later to listen.
 pub const GIVE_UP_WAIT: Duration = Duration::from_secs(5);
 
+/// The most bytes of a hostfile read (a line a process, 256 bytes each for 4,096).
+const MAX_HOSTFILE_BYTES: u64 = 1 << 20;
+
 /// The most threads [`Cluster::give_up`] tells peers from.
 const TELLERS: usize = 16;
 
@@ -73,7 +76,8 @@ impl Cluster {
         let Some(h) = &self.hostfile else {
             return Ok((0..self.processes).map(default_address).collect());
         };
-        let text = std::fs::read_to_string(h)
+        // A regular file only: a FIFO named by mistake would block here for ever.
+        let text = hydrant_operators::read_small_text(h, MAX_HOSTFILE_BYTES)
             .map_err(|e| Error::Usage(format!("hostfile {}: {e}", h.display())))?;
         let lines: Vec<String> = text
             .lines()

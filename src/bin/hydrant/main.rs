@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use hydrant::delivery::LastBatch;
 use hydrant::demo::{TrainConfig, TrainReport};
-use hydrant::loader::{Backend, LoaderConfig};
+use hydrant::loader::{Backend, Loader, LoaderConfig, Ready};
 use hydrant::runtime::{self, Output};
 use hydrant::sink::SinkSpec;
 use hydrant::{Cluster, ClusterSecret, Pipeline, RunOptions};
@@ -428,6 +428,13 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
                 .into(),
         )));
     }
+    if matches!(sink, SinkSpec::Train) && plan.world_size() > MAX_TRAIN_RANKS {
+        return Err(told(Error::Usage(format!(
+            "--sink train:logreg runs a trainer thread a rank: at most {MAX_TRAIN_RANKS} ranks \
+             (got --ranks {})",
+            plan.world_size()
+        ))));
+    }
     let mut consumed = Consumed::default();
     let report = if use_loaders {
         let running = hydrant::start(job, cluster.clone(), loader)?;
@@ -511,27 +518,92 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
 }
 
 /// Reads every rank's batches and drops them, each rank on its own thread.
-fn drain(loaders: &[hydrant::loader::Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
+/// The most ranks `--sink train:logreg` trains: it runs a thread a rank, all meeting at a
+/// barrier each step, so one that cannot be started would hold the others forever.
+const MAX_TRAIN_RANKS: usize = 1024;
+
+/// The most threads the null sink drains ranks from: one a rank up to this many, and
+/// beyond it each thread takes turns over a share of the ranks (a thread a rank could not
+/// be had at 100,000 ranks).
+const DRAINERS: usize = 64;
+
+/// Reads every rank's batches to the end (the null sink); the first error.
+fn drain(loaders: &[Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
+    let threads = loaders.len().min(DRAINERS);
+    let share = |t: usize| -> Vec<&Loader> { loaders.iter().skip(t).step_by(threads).collect() };
     std::thread::scope(|s| {
-        let threads: Vec<_> = loaders
-            .iter()
-            .map(|l| {
-                s.spawn(move || {
-                    for (i, b) in l.batches().enumerate() {
-                        b?;
-                        if l.rank() == 0 && i % 64 == 0 {
-                            tick();
-                        }
-                    }
-                    Ok(())
-                })
+        let started: Vec<_> = (0..threads)
+            .map(|t| {
+                let thread = std::thread::Builder::new().name("hydrant-drain".into());
+                (
+                    t,
+                    thread.spawn_scoped(s, move || drain_share(&share(t), tick)),
+                )
             })
             .collect();
-        threads.into_iter().try_for_each(|t| {
-            t.join()
-                .unwrap_or_else(|_| Err(Error::Dataflow("a reader panicked".into())))
-        })
+        // The shares no thread could be had for are read here, before the others are
+        // waited for: the dataflow may be waiting for room in one of their queues.
+        let here: Vec<&Loader> = started
+            .iter()
+            .filter(|(_, thread)| thread.is_err())
+            .flat_map(|(t, _)| share(*t))
+            .collect();
+        let here = drain_share(&here, tick);
+        started
+            .into_iter()
+            .filter_map(|(_, thread)| thread.ok())
+            .map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Dataflow("a reader panicked".into())))
+            })
+            .fold(here, Result::and)
     })
+}
+
+/// Reads `loaders` to the end: waiting on the one, or taking turns over several without
+/// waiting on any (see [`Loader::try_next_batch`]).
+fn drain_share(loaders: &[&Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
+    let mut read = 0u64;
+    let mut got = |l: &Loader| {
+        if l.rank() == 0 {
+            if read.is_multiple_of(64) {
+                tick();
+            }
+            read += 1;
+        }
+    };
+    if let [l] = loaders {
+        for b in l.batches() {
+            b?;
+            got(l);
+        }
+        return Ok(());
+    }
+    let mut live = loaders.to_vec();
+    while !live.is_empty() {
+        let (mut any, mut failed) = (false, None);
+        live.retain(|l| match l.try_next_batch() {
+            Ready::Batch(Ok(_)) => {
+                got(l);
+                any = true;
+                true
+            }
+            Ready::Batch(Err(e)) => {
+                failed = Some(e);
+                false
+            }
+            Ready::Waiting => true,
+            Ready::Done => false,
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !any {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    Ok(())
 }
 
 fn progress_bar(total: u64, training: bool) -> ProgressBar {

@@ -26,7 +26,7 @@ pub(crate) struct ServeArgs {
     listen: String,
     /// With --processes > 1: the HOST:PORT trainers reach this process at, which
     /// GetFlightInfo names as the location of its ranks (default: the --listen address).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = host_port)]
     advertise: Option<String>,
     /// `user:password [roles]` lines (roles: a comma list of train, ingest, admin; all when
     /// left out); clients then authenticate (Basic, then a bearer token per login).
@@ -397,6 +397,39 @@ fn location(args: &ServeArgs, local: std::net::SocketAddr) -> Result<String> {
     }
 }
 
+/// `text` if it is `HOST:PORT` as a Flight location names it (`grpc://HOST:PORT`, which
+/// every process's GetFlightInfo hands trainers, so that one bad value would break them
+/// all): a host name, an IPv4 address or a bracketed IPv6 one, and a port from 1.
+fn host_port(text: &str) -> std::result::Result<String, String> {
+    let bad = |why: &str| Err(format!("`{text}`: {why}; expected HOST:PORT"));
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return bad("no port");
+    };
+    if !matches!(port.parse::<u16>(), Ok(p) if p >= 1) || !port.bytes().all(|b| b.is_ascii_digit())
+    {
+        return bad("the port is not a number from 1 to 65535");
+    }
+    let name = |h: &str| {
+        h.len() <= 253
+            && h.split('.').all(|label| {
+                (1..=63).contains(&label.len())
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            })
+    };
+    let ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => host.parse::<std::net::Ipv4Addr>().is_ok() || name(host),
+    };
+    if !ok {
+        return bad("the host is not a host name, an IPv4 address or a bracketed IPv6 one");
+    }
+    Ok(text.to_string())
+}
+
 /// `90`, `90s`, `30m`, `24h` or `7d` as a duration of at least a second.
 fn parse_ttl(text: &str) -> std::result::Result<Duration, String> {
     let (digits, unit) = text.split_at(
@@ -419,9 +452,12 @@ fn parse_ttl(text: &str) -> std::result::Result<Duration, String> {
         .ok()
         .and_then(|n| n.checked_mul(scale))
     {
-        Some(secs) if secs >= 1 => Ok(Duration::from_secs(secs)),
+        Some(secs) if (1..=hydrant_flight::MAX_TTL.as_secs()).contains(&secs) => {
+            Ok(Duration::from_secs(secs))
+        }
         _ => Err(format!(
-            "`{text}`: expected a whole number of at least 1 second"
+            "`{text}`: expected a whole number of seconds from 1 to {} (365d)",
+            hydrant_flight::MAX_TTL.as_secs()
         )),
     }
 }
@@ -506,4 +542,37 @@ pub(crate) fn streamed_pipeline(
             (other, _) => other,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advertised_addresses_must_be_locations_a_trainer_can_parse() {
+        for good in [
+            "node-3.cluster.local:50051",
+            "10.0.0.7:1",
+            "[::1]:8815",
+            "trainer_0:9",
+        ] {
+            assert_eq!(host_port(good).as_deref(), Ok(good));
+        }
+        for bad in [
+            "bad host:%%",
+            "bad host:80",
+            "bogus-no-port",
+            "h:0",
+            "h:65536",
+            "h:+80",
+            "[::1:80",
+            "::1:80",
+            "-h:80",
+            ":80",
+            "a..b:80",
+        ] {
+            let e = host_port(bad).unwrap_err();
+            assert!(e.starts_with(&format!("`{bad}`")), "{e}");
+        }
+    }
 }
