@@ -147,8 +147,10 @@ impl Merge {
             };
             if opens && let Some(read) = self.pending.next() {
                 let unit = &inputs.units()[read.unit];
+                let (batches, skipped) =
+                    inputs.read_rows(unit, read.skip..read.skip + read.rows)?;
                 self.open
-                    .push(Reading::new(read, unit.rows, inputs.read(unit)?));
+                    .push(Reading::new(read, unit.rows, batches, skipped));
                 continue;
             }
             let Some(k) = earliest else {
@@ -181,15 +183,18 @@ struct Reading {
 }
 
 impl Reading {
+    /// `read` of a unit of `unit_rows` rows from `batches`, which start `skipped` rows
+    /// into the unit.
     fn new(
         read: Read,
         unit_rows: u64,
         batches: Box<dyn Iterator<Item = Result<Batch>> + Send>,
+        skipped: u64,
     ) -> Self {
         Reading {
             batches,
             read,
-            skip: read.skip,
+            skip: read.skip - skipped,
             left: read.rows,
             to_end: read.skip + read.rows == unit_rows,
             rest: None,
@@ -323,7 +328,7 @@ mod tests {
                             .unwrap(),
                     })
                 });
-                let mut reading = Reading::new(read, rows, Box::new(batches));
+                let mut reading = Reading::new(read, rows, Box::new(batches), 0);
                 while let Some((first, batch)) = reading.next(&plan).unwrap() {
                     let x = batch.data.column(0).as_primitive::<UInt64Type>();
                     let n = x.len() as u64;

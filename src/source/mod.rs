@@ -12,7 +12,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::reader::StreamReader;
 use hydrant_operators::{Batch, FeaturePlan, ROW_ID, open_regular};
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReaderBuilder, RowSelection, RowSelector};
 
 use crate::error::{Error, Result, one_line};
 
@@ -62,6 +62,9 @@ pub struct Unit {
     /// Sequence number of its first batch among all the input's batches.
     pub first_seq: u64,
 }
+
+/// A unit's batches, as read.
+pub type UnitBatches = Box<dyn Iterator<Item = Result<Batch>> + Send>;
 
 /// The inputs of a run, opened and checked.
 pub struct Inputs {
@@ -254,7 +257,7 @@ impl Inputs {
     }
 
     /// Reads one unit as batches carrying `row_id`.
-    pub fn read(&self, unit: &Unit) -> Result<Box<dyn Iterator<Item = Result<Batch>> + Send>> {
+    pub fn read(&self, unit: &Unit) -> Result<UnitBatches> {
         let Some(cache) = &self.cache else {
             return self.read_columns(unit, None);
         };
@@ -267,13 +270,40 @@ impl Inputs {
         Ok(cache.fill(key, self.read_columns(unit, None)?))
     }
 
+    /// Reads rows `rows` (of the unit's own numbering, from 0) of one unit: its batches,
+    /// and how many of the unit's first rows they start after — `rows.start` where the
+    /// reader skipped them itself (a Parquet row group read without the cache, in batches
+    /// of at most the rows wanted), 0 where the caller is to (a cached unit, an Arrow
+    /// file). A unit shared by many ranks' reads (more ranks than row groups) was decoded
+    /// whole by each, in full-sized batches: with 1,000 ranks a 20,000-row group was
+    /// decoded 500 times a worker, with as many readers' buffers alive at once.
+    pub fn read_rows(&self, unit: &Unit, rows: std::ops::Range<u64>) -> Result<(UnitBatches, u64)> {
+        let whole = rows.start == 0 && rows.end >= unit.rows;
+        if self.cache.is_some() || whole {
+            return Ok((self.read(unit)?, 0));
+        }
+        match &self.files[unit.file].format {
+            Format::Parquet { .. } => {
+                let skipped = rows.start;
+                Ok((self.read_columns_in(unit, None, Some(rows))?, skipped))
+            }
+            Format::Ipc { .. } => Ok((self.read(unit)?, 0)),
+        }
+    }
+
     /// Reads one unit as batches carrying `row_id` and, where `only` names some, just those
     /// of the prepared columns (fitting the mean of a few columns decodes only those).
-    pub fn read_columns(
+    pub fn read_columns(&self, unit: &Unit, only: Option<&[String]>) -> Result<UnitBatches> {
+        self.read_columns_in(unit, only, None)
+    }
+
+    /// [`Inputs::read_columns`], of a Parquet unit's rows `part` only where given.
+    fn read_columns_in(
         &self,
         unit: &Unit,
         only: Option<&[String]>,
-    ) -> Result<Box<dyn Iterator<Item = Result<Batch>> + Send>> {
+        part: Option<std::ops::Range<u64>>,
+    ) -> Result<UnitBatches> {
         let f = &self.files[unit.file];
         let projection = match (&self.projection[unit.file], only) {
             (Some(p), Some(only)) => Some(
@@ -310,6 +340,15 @@ impl Inputs {
                 let mut b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, group)
                     .with_batch_size(self.batch_rows)
                     .with_row_groups(vec![0]);
+                if let Some(part) = &part {
+                    let rows = part.end.min(unit.rows).saturating_sub(part.start);
+                    b = b
+                        .with_batch_size(self.batch_rows.min(rows.max(1) as usize))
+                        .with_row_selection(RowSelection::from(vec![
+                            RowSelector::skip(part.start as usize),
+                            RowSelector::select(rows as usize),
+                        ]));
+                }
                 if let Some(p) = &projection {
                     let mask = ProjectionMask::roots(b.parquet_schema(), p.iter().copied());
                     b = b.with_projection(mask);
@@ -328,12 +367,19 @@ impl Inputs {
                     .map_err(|e| input_err(&e))?,
             ),
         };
+        let (first, end) = match &part {
+            Some(part) => (
+                unit.first_row + part.start,
+                unit.first_row + part.end.min(unit.rows),
+            ),
+            None => (unit.first_row, unit.first_row + unit.rows),
+        };
         Ok(Box::new(Numbered {
             batches,
-            first: unit.first_row,
-            row: unit.first_row,
+            first,
+            row: first,
             seq: unit.first_seq,
-            end: unit.first_row + unit.rows,
+            end,
             path: f.path.clone(),
             modified: f.modified,
             done: false,
@@ -560,5 +606,70 @@ fn check_columns(path: &Path, schema: &Schema) -> Result<()> {
             reason,
         }),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{AsArray, Int64Array};
+    use arrow::datatypes::{Int64Type, UInt64Type};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    use super::*;
+
+    /// A part of a row group read by the Parquet reader itself holds the same rows, with
+    /// the same `row_id`s, as the whole group read and cut, in batches no larger than the
+    /// part; the cache, or the whole group, is read whole.
+    #[test]
+    fn a_part_of_a_unit_is_the_same_rows_as_the_whole_unit_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.parquet");
+        let x = Int64Array::from_iter_values((0..1000).map(|i| i * 7 % 1000));
+        let batch = RecordBatch::try_from_iter([("x", Arc::new(x) as _)]).unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(400))
+            .set_data_page_row_count_limit(64)
+            .set_write_batch_size(64)
+            .build();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let inputs = Inputs::open(&[path], 128).unwrap();
+        let unit = &inputs.units()[1];
+        assert_eq!((unit.first_row, unit.rows), (400, 400));
+        let rows = |batches: UnitBatches| {
+            let mut got = Vec::new();
+            for b in batches {
+                let b = b.unwrap().data;
+                assert!(b.num_rows() <= 128);
+                let x = b.column_by_name("x").unwrap().as_primitive::<Int64Type>();
+                let ids = b
+                    .column_by_name(ROW_ID)
+                    .unwrap()
+                    .as_primitive::<UInt64Type>();
+                got.extend(ids.values().iter().copied().zip(x.values().iter().copied()));
+            }
+            got
+        };
+        let whole = rows(inputs.read(unit).unwrap());
+        for part in [0..400, 0..5, 5..17, 100..101, 63..300, 390..400, 350..1000] {
+            let (batches, skipped) = inputs.read_rows(unit, part.clone()).unwrap();
+            let mut got = rows(batches);
+            if part == (0..400) {
+                assert_eq!(skipped, 0);
+            } else {
+                assert_eq!(skipped, part.start, "{part:?}");
+                assert!(got.len() as u64 <= part.end - part.start);
+            }
+            got.drain(..(part.start - skipped) as usize);
+            got.truncate((part.end.min(400) - part.start) as usize);
+            assert_eq!(
+                got,
+                whole[part.start as usize..part.end.min(400) as usize],
+                "{part:?}"
+            );
+        }
     }
 }

@@ -581,6 +581,9 @@ fn drain_share(loaders: &[&Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
         return Ok(());
     }
     let mut live = loaders.to_vec();
+    // Idle turns wait longer and longer (up to 2 ms), so that a thousand ranks waiting on
+    // the dataflow cost little CPU; a batch brings the wait back down.
+    let mut idle = Duration::from_micros(50);
     while !live.is_empty() {
         let (mut any, mut failed) = (false, None);
         live.retain(|l| match l.try_next_batch() {
@@ -599,8 +602,11 @@ fn drain_share(loaders: &[&Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
         if let Some(e) = failed {
             return Err(e);
         }
-        if !any {
-            std::thread::sleep(Duration::from_micros(200));
+        if any {
+            idle = Duration::from_micros(50);
+        } else {
+            std::thread::sleep(idle);
+            idle = (idle * 2).min(Duration::from_millis(2));
         }
     }
     Ok(())
