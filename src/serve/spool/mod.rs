@@ -155,13 +155,24 @@ impl Spool {
                 .open(path)
                 .map_err(|e| state_error(path, &e))?;
             let len = file.metadata().map_err(|e| state_error(path, &e))?.len();
-            let whole = whole_records(&file).map_err(|e| state_error(path, &e))?;
+            let scanned = whole_records(&file).map_err(|e| state_error(path, &e))?;
+            let whole = scanned.whole;
             if whole < len {
-                if i < last {
-                    // Only the last segment is appended to: a short one before it is damage.
+                // Only the last segment is appended to, and only its last record can be
+                // torn: a short segment before it, or a bad record with whole ones after
+                // it, is damage. Cutting it off would drop acknowledged rows.
+                if i < last || scanned.damaged {
                     return Err(state_error(
                         path,
-                        &format!("the record at byte {whole} is damaged"),
+                        &format!(
+                            "the record at byte {whole} is damaged{}: the spool cannot be \
+                             replayed past it (nothing was changed)",
+                            if scanned.damaged {
+                                ", and whole records follow it"
+                            } else {
+                                ""
+                            }
+                        ),
                     ));
                 }
                 file.set_len(whole).map_err(|e| state_error(path, &e))?;
@@ -403,6 +414,66 @@ mod tests {
         opened.spool.append(&record, 9).unwrap();
         let opened = Spool::open(dir.path(), SEGMENT_BYTES).unwrap();
         assert_eq!(opened.replay.count(), 5);
+    }
+
+    /// Only the last record can be torn: a bad record with whole ones after it (a flipped
+    /// byte, a broken length) is an error that changes nothing, where it used to be cut off
+    /// with every record after it. A torn tail of zeros (a file system that grew the file
+    /// before the bytes reached it) is still cut.
+    #[test]
+    fn a_damaged_record_before_whole_ones_is_an_error_not_a_torn_tail() {
+        let records: Vec<_> = (0..5)
+            .map(|i| Record::Batch(origin("p", i), batch(3 * i as i64)))
+            .collect();
+        let sizes: Vec<u64> = records
+            .iter()
+            .map(|r| encode(r).unwrap().len() as u64)
+            .collect();
+        let third = sizes[..2].iter().sum::<u64>();
+        // A byte of the third record's body flipped, or its length broken.
+        for (at, bytes) in [
+            (third + 40, vec![0xffu8]),
+            (third, vec![0xf0, 0xff, 0xff, 0xff]),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            append_all(
+                &mut Spool::open(dir.path(), SEGMENT_BYTES).unwrap().spool,
+                &records,
+                0,
+            );
+            let path = segment_path(dir.path(), 0);
+            let len = std::fs::metadata(&path).unwrap().len();
+            let f = OpenOptions::new().write(true).open(&path).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, &bytes, at).unwrap();
+            let err = Spool::open(dir.path(), SEGMENT_BYTES)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains(&format!(
+                    "record at byte {third} is damaged, and whole records"
+                )) && err.contains("pushed-00000000000000000000.spool"),
+                "{err}"
+            );
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        append_all(
+            &mut Spool::open(dir.path(), SEGMENT_BYTES).unwrap().spool,
+            &records,
+            0,
+        );
+        let path = segment_path(dir.path(), 0);
+        let whole = std::fs::metadata(&path).unwrap().len();
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(&vec![0u8; sizes[0] as usize]).unwrap();
+        drop(f);
+        let opened = Spool::open(dir.path(), SEGMENT_BYTES).unwrap();
+        assert_eq!(
+            opened.replay.map(Result::unwrap).collect::<Vec<_>>(),
+            records
+        );
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
     }
 
     #[test]

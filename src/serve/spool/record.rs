@@ -75,23 +75,80 @@ pub(super) fn encode(record: &Record) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Where a segment's whole records end. A record cut short or whose checksum fails ends
-/// the segment (a crash mid-append).
-pub(super) fn whole_records(file: &File) -> std::io::Result<u64> {
+/// What a segment's records came to ([`whole_records`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Scanned {
+    /// Where its whole records end.
+    pub whole: u64,
+    /// Whether a whole record follows the first bad one: the segment is damaged there,
+    /// not torn by a crash mid-append (which can only cut its last record).
+    pub damaged: bool,
+}
+
+/// Where a segment's whole records end, scanning from the start: a record cut short or
+/// whose checksum fails ends them. Every record is synced before the next is appended, so
+/// a crash can tear only the last one; a bad record with a whole one after it is damage
+/// (a flipped byte, a broken length) and is reported as such rather than cut off with
+/// every acknowledged record behind it.
+pub(super) fn whole_records(file: &File) -> std::io::Result<Scanned> {
+    let len = file.metadata()?.len();
     let mut r = std::io::BufReader::new(file);
     let (mut at, mut body) = (0u64, Vec::new());
     loop {
         let mut head = [0u8; 12];
         if r.read_exact(&mut head).is_err() {
-            return Ok(at);
+            break;
         }
-        let (len, sum) = split_head(&head);
-        body.resize(len, 0);
+        let (n, sum) = split_head(&head);
+        // A broken length must not allocate what the file does not hold.
+        if n as u64 > len - at - 12 {
+            break;
+        }
+        body.resize(n, 0);
         if r.read_exact(&mut body).is_err() || xxhash_rust::xxh64::xxh64(&body, 0) != sum {
-            return Ok(at);
+            break;
         }
-        at += 12 + len as u64;
+        at += 12 + n as u64;
     }
+    let damaged = at < len && whole_record_after(file, at, len)?;
+    Ok(Scanned { whole: at, damaged })
+}
+
+/// Whether a whole record (its checksum holding) starts anywhere after byte `from` of a
+/// segment of `len` bytes. Every record's body begins with its header's length and the
+/// header's JSON, `{"end":`: only where those bytes are is a record tried.
+fn whole_record_after(file: &File, from: u64, len: u64) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    const MARK: &[u8] = b"{\"end\":";
+    // The head (12 bytes) and the header's length (4) come before the mark.
+    const BEFORE: u64 = 16;
+    const CHUNK: u64 = 1 << 20;
+    let mut chunk = vec![0u8; CHUNK as usize];
+    let mut start = from + 1 + BEFORE;
+    while start < len {
+        let n = (len - start).min(CHUNK) as usize;
+        file.read_exact_at(&mut chunk[..n], start)?;
+        for i in 0..n.saturating_sub(MARK.len() - 1) {
+            if &chunk[i..i + MARK.len()] != MARK {
+                continue;
+            }
+            let at = start + i as u64 - BEFORE;
+            let mut head = [0u8; 12];
+            file.read_exact_at(&mut head, at)?;
+            let (size, sum) = split_head(&head);
+            if size as u64 > len - at - 12 {
+                continue;
+            }
+            let mut body = vec![0u8; size];
+            file.read_exact_at(&mut body, at + 12)?;
+            if xxhash_rust::xxh64::xxh64(&body, 0) == sum {
+                return Ok(true);
+            }
+        }
+        // The next chunk overlaps this one's last bytes, so that no mark is split.
+        start += (n as u64).saturating_sub(MARK.len() as u64 - 1).max(1);
+    }
+    Ok(false)
 }
 
 fn split_head(head: &[u8; 12]) -> (usize, u64) {
