@@ -21,6 +21,9 @@ class Batch:
     ``dense``, ``ids``, ``label`` and ``row_id`` are writable NumPy views of the received
     Arrow buffers (no copy); the batch owns that memory, so writing to it changes nothing
     else. ``mask`` is True for padding rows, which a trainer leaves out of its loss.
+    ``dense`` is the pipeline's first float32 group and ``ids`` its first int64 one;
+    ``groups`` holds every group's ``[B, width]`` view by its name, so a pipeline of
+    several dense or ids groups loses none.
     """
 
     dense: Optional[np.ndarray]
@@ -39,17 +42,30 @@ class Batch:
     #: the rows were drawn from; None for file epochs.
     positions: Optional[tuple]
     record_batch: pa.RecordBatch
+    #: Every group's ``[B, width]`` view, by group name, in the pipeline's order.
+    groups: dict
 
     def arrays(self) -> dict:
         """The arrays under the keys a trainer uses: ``dense``, ``ids``, ``label``,
-        ``mask`` and ``row_id`` (int64, a view)."""
-        return {
+        ``mask`` and ``row_id`` (int64, a view), then every other group under its own
+        name (all views, none twice)."""
+        out = {
             "dense": self.dense,
             "ids": self.ids,
             "label": self.label,
             "mask": self.mask,
             "row_id": self.row_id.view(np.int64),
         }
+        for name, array in self.groups.items():
+            if array is self.dense or array is self.ids:
+                continue
+            if name in out:
+                raise HydrantError(
+                    f"group `{name}` is not the pipeline's first group of its kind, so "
+                    f"`{name}` already names another: rename the group"
+                )
+            out[name] = array
+        return out
 
     def to_torch(self, device=None) -> dict:
         """The arrays as torch tensors sharing this batch's memory, then moved to
@@ -124,13 +140,14 @@ def _bools(column: pa.Array) -> np.ndarray:
 def decode(rb: pa.RecordBatch, meta: dict) -> Batch:
     """A batch from one step's rows and its metadata."""
     dense = ids = None
+    groups = {}
     for field in rb.schema:
         if pa.types.is_fixed_size_list(field.type):
-            column = rb.column(field.name)
+            groups[field.name] = matrix = _matrix(rb.column(field.name))
             if pa.types.is_float32(field.type.value_type) and dense is None:
-                dense = _matrix(column)
+                dense = matrix
             elif pa.types.is_int64(field.type.value_type) and ids is None:
-                ids = _matrix(column)
+                ids = matrix
     names = rb.schema.names
     n = rb.num_rows
     label = _view(rb.column("label"), (n,)) if "label" in names else None
@@ -149,6 +166,7 @@ def decode(rb: pa.RecordBatch, meta: dict) -> Batch:
         last=bool(meta.get("last", False)),
         positions=tuple(meta["positions"]) if "positions" in meta else None,
         record_batch=rb,
+        groups=groups,
     )
 
 

@@ -123,7 +123,8 @@ def _dataset_base():
 
 class TorchDataset(_dataset_base()):
     """One rank's steps as an ``IterableDataset``: each item is a dict of tensors
-    (``dense``, ``ids``, ``label``, ``mask``, ``row_id``; plus ``epoch`` and ``step``),
+    (``dense``, ``ids``, ``label``, ``mask``, ``row_id``, any further group by its name;
+    plus ``epoch`` and ``step``),
     one per step, exactly ``B`` rows each. Use ``DataLoader(dataset, batch_size=None)``
     with the default ``num_workers=0``: hydrant reads ahead on its own thread, and a
     second DataLoader worker would be a second reader of the same rank.

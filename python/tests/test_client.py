@@ -261,3 +261,58 @@ def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
     assert [b.step for b in second[1]] == list(range(steps))
 
 
+
+
+def test_every_group_reaches_the_trainer(data, tmp_path):
+    """A pipeline of two dense and two ids groups: `dense` and `ids` are the first of each
+    kind, and the others come under their own names, in `groups`, `arrays()` and
+    `to_torch()` alike (they used to be left out)."""
+    from conftest import Server
+
+    path, _ = data
+    dense = ", ".join(f'"i{i}"' for i in range(13))
+    toml = tmp_path / "groups.toml"
+    toml.write_text(f"""name = "groups"
+label = {{ column = "label", type = "float32" }}
+[[group]]
+name = "dense"
+kind = "dense"
+columns = [{dense}]
+steps = ["fill_null(0)"]
+[[group]]
+name = "wide"
+kind = "dense"
+columns = ["i0", "i1"]
+steps = ["fill_null(0)", "clip(0, 1)"]
+[[group]]
+name = "ids"
+kind = "ids"
+columns = ["c0", "c1", "c2"]
+steps = ["hash_bucket(1000)"]
+[[group]]
+name = "few"
+kind = "ids"
+columns = ["c3"]
+steps = ["hash_bucket(7)"]
+""")
+    s = Server("--pipeline", toml, "--input", path, "--batch-size", "100")
+    try:
+        b = next(iter(Client(s.uri).batches("groups", 0, 1)))
+    finally:
+        s.stop()
+    assert list(b.groups) == ["dense", "wide", "ids", "few"]
+    assert b.dense.shape == (100, 13) and b.ids.shape == (100, 3)
+    assert b.groups["wide"].shape == (100, 2) and b.groups["few"].shape == (100, 1)
+    rb = b.record_batch
+    for name, array in b.groups.items():
+        want = rb.column(name).values.to_numpy().reshape(array.shape)
+        assert np.array_equal(array, want), name
+    assert b.groups["few"].max() < 7 and b.groups["wide"].max() <= 1
+    arrays = b.arrays()
+    assert list(arrays) == ["dense", "ids", "label", "mask", "row_id", "wide", "few"]
+    assert arrays["wide"] is b.groups["wide"] and arrays["dense"] is b.dense
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    assert set(b.to_torch()) == set(arrays)
