@@ -123,6 +123,46 @@ async fn admitted(uri: &str, files: u64) -> serde_json::Value {
     panic!("{files} files were not admitted: {}", status(uri).await);
 }
 
+/// A folder that appears in the followed one (Spark's `write.parquet(dir)` renamed in) is
+/// skipped and reported: read as an input it was read once, as its files were then, and a
+/// part written into it later never came.
+#[test]
+fn a_folder_in_the_followed_folder_is_skipped_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[1_000, 1_000], 43);
+    let followed = dir.path().join("followed");
+    std::fs::create_dir_all(&followed).unwrap();
+    let sub = dir.path().join("b.parquet");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::copy(
+        source.join("part-0.parquet"),
+        sub.join("part-00000.parquet"),
+    )
+    .unwrap();
+    let rt = common::pushed::runtime();
+    rt.block_on(async {
+        let (_server, uri) = serve_following(&followed, &state, &dir.path().join("s"));
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 0, usize::MAX).await }
+        });
+        publish(&source.join("part-0.parquet"), &followed, "a.parquet");
+        std::fs::rename(&sub, followed.join("b.parquet")).unwrap();
+        publish(&source.join("part-1.parquet"), &followed, "c.parquet");
+        let s = admitted(&uri, 3).await;
+        assert_eq!(s["follow"]["skipped_files"], 1, "{s}");
+        let skipped = s["follow"]["skipped"][0].to_string();
+        assert!(
+            skipped.contains("b.parquet is a folder")
+                && !skipped.contains(dir.path().to_str().unwrap()),
+            "{skipped}"
+        );
+        end(&uri).await;
+        let ranks = reader.await.unwrap();
+        assert_eq!(sorted_ids(&ranks), (0..2_000).collect::<Vec<_>>());
+    });
+}
+
 /// The continuous-training issue's followed folder: three files of 3,000 rows published
 /// while two trainers read (with a bad file, a temporary one and Spark's `_SUCCESS`
 /// among them), the server SIGKILLed after the trainers committed step 4 and restarted on

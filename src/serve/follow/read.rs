@@ -45,6 +45,14 @@ impl Reader {
     fn file(&self, file: &str, tx: &Sender<Read>) -> Result<(), ()> {
         let failed = |e: String| tx.send(Read::Failed(e)).map_err(|_| ());
         let path = self.dir.join(file);
+        // Opened as an input, a folder would be read as its files at the time, once: what
+        // is written into it later would never be admitted.
+        if path.is_dir() {
+            return failed(format!(
+                "{file} is a folder: a followed folder's own files are read, not its \
+                 sub-folders' (move the part files in, or follow the sub-folder)"
+            ));
+        }
         let mut inputs = match Inputs::open(std::slice::from_ref(&path), self.batch_rows) {
             Ok(i) => i,
             Err(e) => return failed(e.to_string()),
