@@ -372,3 +372,54 @@ fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
         assert_eq!(got[&want.meta.step], want.batch, "step {}", want.meta.step);
     }
 }
+
+/// `hydrant serve` of the pushed pipeline `start_with` wrote in `dir`, with batch size `b`
+/// and state directory `spool`, expected to refuse to start: its one line of error.
+fn refused(dir: &std::path::Path, b: &str, spool: &std::path::Path) -> String {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--batch-size", b])
+        .arg("--pipeline")
+        .arg(dir.join("pushed.toml"))
+        .arg("--state")
+        .arg(dir.join("state.json"))
+        .arg("--state-dir")
+        .arg(spool)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("a server on {} started", spool.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!child.wait().unwrap().success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    err
+}
+
+/// A state directory is one server's at a time (a second one, started twice or while the
+/// first is still going away, would append to the same spool and cut the first one's
+/// records as torn), and keeps the steps it was cut into: a server restarted with another
+/// batch size redelivered rows a trainer resuming at its last step + 1 had read.
+#[test]
+fn a_state_directory_is_one_servers_and_keeps_its_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let (server, _uri) = start_with(dir.path(), &["--state-dir".as_ref(), spool.as_os_str()]);
+    let err = refused(dir.path(), "64", &spool);
+    let holder = format!("in use by another server (process {})", server.0.id());
+    assert!(err.contains(&holder), "{err}");
+    drop(server);
+    let err = refused(dir.path(), "32", &spool);
+    assert!(
+        err.contains("stream.json") && err.contains("--batch-size was 64, is 32"),
+        "{err}"
+    );
+    let (_server, _uri) = start_with(dir.path(), &["--state-dir".as_ref(), spool.as_os_str()]);
+}

@@ -30,6 +30,9 @@ mod record;
 pub use record::{Record, Replay};
 use record::{encode, whole_records};
 
+mod claim;
+pub use claim::{Claim, claim};
+
 /// Bytes a segment grows to before the next is begun (`--spool-segment-mib`).
 pub const SEGMENT_BYTES: u64 = 64 << 20;
 

@@ -1,0 +1,199 @@
+//! What a server holds of its state directory: the directory itself, locked (two servers
+//! appending to one spool would interleave their records, and a second server would cut
+//! the first one's "torn" tail), and the stream geometry it was written with: a restarted
+//! server must cut the stream into the same steps, or a trainer resuming at its last
+//! step + 1 gets rows it had, or misses some (a server that came back with half the batch
+//! size redelivered half of what had been read).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{state_error, sync_dir};
+use crate::delivery::{ORDER_VERSION, Placement};
+use crate::error::Result;
+
+/// The file in a state directory that records its stream's geometry.
+pub const GEOMETRY_FILE: &str = "stream.json";
+
+/// What decides which stream rows each step holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Geometry {
+    order_version: u32,
+    world_size: usize,
+    batch_size: usize,
+    /// The shuffle window; `None` in input order.
+    shuffle_window: Option<u64>,
+    seed: u64,
+}
+
+impl Geometry {
+    fn of(placement: &Placement) -> Self {
+        Geometry {
+            order_version: ORDER_VERSION,
+            world_size: placement.world_size(),
+            batch_size: placement.batch_size(),
+            shuffle_window: placement.shuffled().then(|| placement.window()),
+            seed: placement.seed(),
+        }
+    }
+
+    /// `--` options that differ from `other`'s, as `name was A, is B`.
+    fn differences(&self, now: &Geometry) -> Vec<String> {
+        let window = |w: Option<u64>| w.map_or("none".to_string(), |w| w.to_string());
+        [
+            (
+                "order version",
+                self.order_version.to_string(),
+                now.order_version.to_string(),
+            ),
+            (
+                "--ranks",
+                self.world_size.to_string(),
+                now.world_size.to_string(),
+            ),
+            (
+                "--batch-size",
+                self.batch_size.to_string(),
+                now.batch_size.to_string(),
+            ),
+            (
+                "--shuffle-window",
+                window(self.shuffle_window),
+                window(now.shuffle_window),
+            ),
+            ("--seed", self.seed.to_string(), now.seed.to_string()),
+        ]
+        .into_iter()
+        .filter(|(_, was, is)| was != is)
+        .map(|(name, was, is)| format!("{name} was {was}, is {is}"))
+        .collect()
+    }
+}
+
+/// The lock file in a state directory, holding its server's process id.
+pub const LOCK_FILE: &str = ".lock";
+
+/// A state directory held by this server until it is dropped (or the process ends, however
+/// it ends: the lock is the kernel's).
+#[derive(Debug)]
+pub struct Claim {
+    _lock: File,
+}
+
+/// Takes `dir` (creating it) for this server: refused while another server holds it,
+/// and if it was written with another stream geometry than `placement`'s.
+pub fn claim(dir: &Path, placement: &Placement) -> Result<Claim> {
+    std::fs::create_dir_all(dir).map_err(|e| state_error(dir, &e))?;
+    let path = dir.join(LOCK_FILE);
+    let mut lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| state_error(&path, &e))?;
+    // SAFETY: `flock` takes an advisory lock on a descriptor this function owns; it reads
+    // and writes no memory.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = lock.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let by = if holder.chars().all(|c| c.is_ascii_digit()) && !holder.is_empty() {
+            format!(" (process {holder})")
+        } else {
+            String::new()
+        };
+        return Err(state_error(
+            dir,
+            &format!("is in use by another server{by}: one server per --state-dir"),
+        ));
+    }
+    let pid = std::process::id().to_string();
+    lock.set_len(0)
+        .and_then(|()| lock.rewind())
+        .and_then(|()| lock.write_all(pid.as_bytes()))
+        .map_err(|e| state_error(&path, &e))?;
+    check_geometry(dir, placement)?;
+    Ok(Claim { _lock: lock })
+}
+
+/// Checks that `dir` was written with `placement`'s stream geometry, or records it there
+/// if the directory has none yet (a new one, or one an older server wrote).
+fn check_geometry(dir: &Path, placement: &Placement) -> Result<()> {
+    let path = dir.join(GEOMETRY_FILE);
+    let now = Geometry::of(placement);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let was: Geometry =
+                serde_json::from_slice(&bytes).map_err(|e| state_error(&path, &e))?;
+            let differ = was.differences(&now);
+            if differ.is_empty() {
+                return Ok(());
+            }
+            Err(state_error(
+                &path,
+                &format!(
+                    "its stream was cut into steps another way ({}): serve with what it was \
+                     written with, or start with an empty --state-dir",
+                    differ.join(", ")
+                ),
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let tmp = dir.join(format!("{GEOMETRY_FILE}.tmp"));
+            let json = serde_json::to_vec(&now).map_err(|e| state_error(&path, &e))?;
+            File::create(&tmp)
+                .and_then(|mut f| f.write_all(&json).and_then(|()| f.sync_all()))
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .and_then(|()| sync_dir(dir))
+                .map_err(|e| state_error(&path, &e))
+        }
+        Err(e) => Err(state_error(&path, &e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::LastBatch;
+
+    #[test]
+    fn a_directory_is_held_by_one_server_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let placement = Placement::new(2, 100, LastBatch::Pad, 0, None).unwrap();
+        let held = claim(dir.path(), &placement).unwrap();
+        let err = claim(dir.path(), &placement).unwrap_err().to_string();
+        let me = format!("in use by another server (process {})", std::process::id());
+        assert!(err.contains(&me), "{err}");
+        drop(held);
+        claim(dir.path(), &placement).unwrap();
+    }
+
+    #[test]
+    fn a_directory_keeps_the_geometry_it_was_first_written_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let stream = |ranks, b, window, seed| {
+            Placement::new(ranks, b, LastBatch::Pad, seed, window)
+                .unwrap()
+                .stream()
+        };
+        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7)).unwrap();
+        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7)).unwrap();
+        for (other, named) in [
+            (stream(2, 50, Some(1000), 7), "--batch-size was 100, is 50"),
+            (stream(4, 100, Some(1000), 7), "--ranks was 2, is 4"),
+            (
+                stream(2, 100, None, 7),
+                "--shuffle-window was 1000, is none",
+            ),
+            (stream(2, 100, Some(1000), 8), "--seed was 7, is 8"),
+        ] {
+            let err = check_geometry(dir.path(), &other).unwrap_err().to_string();
+            assert!(err.contains(named) && err.contains(GEOMETRY_FILE), "{err}");
+        }
+    }
+}
