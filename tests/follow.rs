@@ -385,7 +385,8 @@ fn a_file_written_in_place_is_admitted_whole_once_written() {
 
 /// A followed file deleted while the server was down (nothing committed), or one whose
 /// admission the server was killed in and that was cut short meanwhile: the restarted
-/// server cannot admit the recorded stream again. Its trainers used to wait forever (or,
+/// server cannot admit the recorded stream again (nor one rewritten at its old length,
+/// which was replayed as if it were the same). Its trainers used to wait forever (or,
 /// for the second, get the next file's rows at positions they had passed, and a clean
 /// end), and `end_ingest` recorded an end at a row they had passed; now every rank's stream
 /// ends with the reason once it has sent what was admitted, and `end_ingest` is refused.
@@ -406,9 +407,19 @@ fn a_stream_that_cannot_be_replayed_ends_its_trainers_with_the_reason() {
         let bytes = std::fs::read(&p1).unwrap();
         std::fs::write(&p1, &bytes[..bytes.len() / 2]).unwrap();
     };
+    // p0 rewritten at the same length with other bytes (another file of as many rows,
+    // padded or cut to p0's length: not Parquet any more, which is other bytes all the same).
+    let rewritten: Damage = |folder, _| {
+        let p0 = folder.join("p0.parquet");
+        let len = std::fs::metadata(&p0).unwrap().len() as usize;
+        let mut other = std::fs::read(folder.join("p1.parquet")).unwrap();
+        other.resize(len, 0);
+        std::fs::write(&p0, other).unwrap();
+    };
     for (damage, needle) in [
         (deleted, "p0.parquet cannot be read"),
         (cut, "p1.parquet is "),
+        (rewritten, "p0.parquet holds other bytes"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let (source, state) = folder_with_state(dir.path(), &[3_000, 3_000], 53);

@@ -42,6 +42,21 @@ pub const MANIFEST_FILE: &str = "follow.manifest";
 /// How often the folder is listed.
 pub const POLL: Duration = Duration::from_millis(20);
 
+/// The xxHash64 of the file at `path`, read in blocks.
+fn checksum(path: &Path) -> std::io::Result<u64> {
+    let mut file = hydrant_operators::open_regular(path)?;
+    let mut hasher = xxhash_rust::xxh64::Xxh64::new(0);
+    let mut block = vec![0u8; 1 << 20];
+    loop {
+        match std::io::Read::read(&mut file, &mut block) {
+            Ok(0) => return Ok(hasher.digest()),
+            Ok(n) => hasher.update(&block[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Skipped files `status` lists, the latest last.
 const SKIPPED_SHOWN: usize = 16;
 
@@ -50,12 +65,15 @@ const SKIPPED_SHOWN: usize = 16;
 #[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
 enum Line {
     /// A file's admission began; its rows start at stream row `row`, and it was `bytes`
-    /// long (absent in manifests written before it was recorded).
+    /// long with contents of checksum `sum` (each absent in manifests written before it
+    /// was recorded).
     Begin {
         file: String,
         row: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sum: Option<u64>,
     },
     /// It ended with `rows` admitted; `error` says why the rest were skipped.
     End {
@@ -100,6 +118,8 @@ pub(super) struct Admission {
     pub rows: Option<u64>,
     /// The file's length when it was first admitted (recorded ones).
     pub bytes: Option<u64>,
+    /// Its contents' checksum then.
+    pub sum: Option<u64>,
 }
 
 /// The manifest, appended to.
@@ -135,11 +155,17 @@ impl Manifest {
                 state_error(&path, &format!("the line at byte {whole} is damaged: {e}"))
             })?;
             match parsed {
-                Line::Begin { file, row, bytes } => admissions.push(Admission {
+                Line::Begin {
+                    file,
+                    row,
+                    bytes,
+                    sum,
+                } => admissions.push(Admission {
                     file,
                     row,
                     rows: None,
                     bytes,
+                    sum,
                 }),
                 Line::End { file, rows, .. } => match admissions.last_mut() {
                     Some(a) if a.file == file && a.rows.is_none() => a.rows = Some(rows),
@@ -287,6 +313,7 @@ impl Follower {
                         row: 0,
                         rows: None,
                         bytes: None,
+                        sum: None,
                     };
                     (a, false)
                 })
@@ -396,6 +423,23 @@ impl Follower {
             );
             return Err(Stop::Failed(why));
         }
+        // Only with a manifest to check it against: a whole extra read of the file, most
+        // often still in the page cache (it was just written, and is read next).
+        let sum = match &self.manifest {
+            Some(_) => checksum(&self.read.dir.join(&a.file)).ok(),
+            None => None,
+        };
+        if replayed
+            && let Some(was) = a.sum
+            && sum != Some(was)
+        {
+            let why = format!(
+                "{} holds other bytes than when first admitted (at the same length): it \
+                 changed while the server was down, so the stream cannot be admitted again",
+                a.file
+            );
+            return Err(Stop::Failed(why));
+        }
         if let Some(m) = &self.manifest
             && !replayed
         {
@@ -403,6 +447,7 @@ impl Follower {
                 file: a.file.clone(),
                 row,
                 bytes: bytes.ok(),
+                sum,
             };
             lock(m)
                 .append(&begin)
@@ -538,6 +583,7 @@ mod tests {
             row,
             rows,
             bytes: None,
+            sum: None,
         };
         let ended = Recorded {
             admissions: vec![a(0, Some(10)), a(10, None), a(25, None)],
@@ -567,6 +613,7 @@ mod tests {
                     file: "a.parquet".into(),
                     row: 0,
                     bytes: Some(7),
+                    sum: None,
                 },
                 Line::End {
                     file: "a.parquet".into(),
@@ -577,6 +624,7 @@ mod tests {
                     file: "b.parquet".into(),
                     row: 10,
                     bytes: None,
+                    sum: None,
                 },
             ] {
                 m.append(&line).unwrap();
@@ -597,12 +645,14 @@ mod tests {
                     row: 0,
                     rows: Some(10),
                     bytes: Some(7),
+                    sum: None,
                 },
                 Admission {
                     file: "b.parquet".into(),
                     row: 10,
                     rows: None,
                     bytes: None,
+                    sum: None,
                 },
             ]
         );
