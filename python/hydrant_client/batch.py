@@ -48,7 +48,7 @@ class Batch:
     def arrays(self) -> dict:
         """The arrays under the keys a trainer uses: ``dense``, ``ids``, ``label``,
         ``mask`` and ``row_id`` (int64, a view), then every other group under its own
-        name (all views, none twice)."""
+        name, or ``group.NAME`` where its name is one of those (all views, none twice)."""
         out = {
             "dense": self.dense,
             "ids": self.ids,
@@ -59,12 +59,9 @@ class Batch:
         for name, array in self.groups.items():
             if array is self.dense or array is self.ids:
                 continue
-            if name in out:
-                raise HydrantError(
-                    f"group `{name}` is not the pipeline's first group of its kind, so "
-                    f"`{name}` already names another: rename the group"
-                )
-            out[name] = array
+            # A group named as one of the keys above (a second dense group `ids`, say)
+            # comes under `group.NAME`.
+            out[f"group.{name}" if name in out else name] = array
         return out
 
     def to_torch(self, device=None) -> dict:

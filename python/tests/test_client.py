@@ -264,7 +264,7 @@ def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
 
 
 def test_every_group_reaches_the_trainer(data, tmp_path):
-    """A pipeline of two dense and two ids groups: `dense` and `ids` are the first of each
+    """A pipeline of several dense and ids groups: `dense` and `ids` are the first of each
     kind, and the others come under their own names, in `groups`, `arrays()` and
     `to_torch()` alike (they used to be left out)."""
     from conftest import Server
@@ -294,13 +294,18 @@ name = "few"
 kind = "ids"
 columns = ["c3"]
 steps = ["hash_bucket(7)"]
+[[group]]
+name = "mask"
+kind = "dense"
+columns = ["i2"]
+steps = ["fill_null(0)"]
 """)
     s = Server("--pipeline", toml, "--input", path, "--batch-size", "100")
     try:
         b = next(iter(Client(s.uri).batches("groups", 0, 1)))
     finally:
         s.stop()
-    assert list(b.groups) == ["dense", "wide", "ids", "few"]
+    assert list(b.groups) == ["dense", "wide", "ids", "few", "mask"]
     assert b.dense.shape == (100, 13) and b.ids.shape == (100, 3)
     assert b.groups["wide"].shape == (100, 2) and b.groups["few"].shape == (100, 1)
     rb = b.record_batch
@@ -309,7 +314,10 @@ steps = ["hash_bucket(7)"]
         assert np.array_equal(array, want), name
     assert b.groups["few"].max() < 7 and b.groups["wide"].max() <= 1
     arrays = b.arrays()
-    assert list(arrays) == ["dense", "ids", "label", "mask", "row_id", "wide", "few"]
+    # A group named as a key of its own (`mask`) comes as `group.mask`.
+    assert list(arrays) == ["dense", "ids", "label", "mask", "row_id", "wide", "few",
+                            "group.mask"]
+    assert arrays["group.mask"] is b.groups["mask"] and arrays["mask"] is b.mask
     assert arrays["wide"] is b.groups["wide"] and arrays["dense"] is b.dense
     try:
         import torch  # noqa: F401

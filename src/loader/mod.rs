@@ -359,6 +359,97 @@ impl Loader {
     }
 }
 
+/// The most threads the null sink drains ranks from: one a rank up to this many, and
+/// beyond it each thread takes turns over a share of the ranks (a thread a rank could not
+/// be had at 100,000 ranks).
+const DRAINERS: usize = 64;
+
+/// Reads every rank's batches to the end and drops them (the null sink), calling `tick`
+/// every 64 of rank 0's; the first error.
+pub fn drain(loaders: &[Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
+    let threads = loaders.len().min(DRAINERS);
+    let share = |t: usize| -> Vec<&Loader> { loaders.iter().skip(t).step_by(threads).collect() };
+    std::thread::scope(|s| {
+        let started: Vec<_> = (0..threads)
+            .map(|t| {
+                let thread = std::thread::Builder::new().name("hydrant-drain".into());
+                (
+                    t,
+                    thread.spawn_scoped(s, move || drain_share(&share(t), tick)),
+                )
+            })
+            .collect();
+        // The shares no thread could be had for are read here, before the others are
+        // waited for: the dataflow may be waiting for room in one of their queues.
+        let here: Vec<&Loader> = started
+            .iter()
+            .filter(|(_, thread)| thread.is_err())
+            .flat_map(|(t, _)| share(*t))
+            .collect();
+        let here = drain_share(&here, tick);
+        started
+            .into_iter()
+            .filter_map(|(_, thread)| thread.ok())
+            .map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Dataflow("a reader panicked".into())))
+            })
+            .fold(here, Result::and)
+    })
+}
+
+/// Reads `loaders` to the end: waiting on the one, or taking turns over several without
+/// waiting on any (see [`Loader::try_next_batch`]).
+fn drain_share(loaders: &[&Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
+    let mut read = 0u64;
+    let mut got = |l: &Loader| {
+        if l.rank() == 0 {
+            if read.is_multiple_of(64) {
+                tick();
+            }
+            read += 1;
+        }
+    };
+    if let [l] = loaders {
+        for b in l.batches() {
+            b?;
+            got(l);
+        }
+        return Ok(());
+    }
+    let mut live = loaders.to_vec();
+    // Idle turns wait longer and longer (up to 2 ms), so that a thousand ranks waiting on
+    // the dataflow cost little CPU; a batch brings the wait back down.
+    let mut idle = Duration::from_micros(50);
+    while !live.is_empty() {
+        let (mut any, mut failed) = (false, None);
+        live.retain(|l| match l.try_next_batch() {
+            Ready::Batch(Ok(_)) => {
+                got(l);
+                any = true;
+                true
+            }
+            Ready::Batch(Err(e)) => {
+                failed = Some(e);
+                false
+            }
+            Ready::Waiting => true,
+            Ready::Done => false,
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if any {
+            idle = Duration::from_micros(50);
+        } else {
+            std::thread::sleep(idle);
+            idle = (idle * 2).min(Duration::from_millis(2));
+        }
+    }
+    Ok(())
+}
+
 /// What [`Loader::try_next_batch`] found.
 // Moved out at once, as `next_batch`'s `Option<Result<TrainingBatch>>` is, which is as
 // large: boxing the batch would allocate once a batch for nothing.

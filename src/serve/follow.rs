@@ -348,9 +348,19 @@ impl Follower {
             return Vec::new();
         };
         let mut names = Vec::new();
-        for name in entries.filter_map(|e| Some(e.ok()?.file_name())) {
-            match name.into_string() {
-                Ok(n) if eligible(&n) && !seen.contains(&n) => names.push(n),
+        for entry in entries.filter_map(|e| e.ok()) {
+            let folder = entry.file_type().is_ok_and(|t| t.is_dir());
+            match entry.file_name().into_string() {
+                // Told once, never admitted: a folder is not read (see `Reader::file`),
+                // and an admission would be recorded, and checked at a restart.
+                Ok(n) if folder && eligible(&n) && seen.insert(n.clone()) => {
+                    let why = format!(
+                        "{n} is a folder: a followed folder's own files are read, not its \
+                         sub-folders' (move the part files in, or follow the sub-folder)"
+                    );
+                    self.counts.skip(&n, &why);
+                }
+                Ok(n) if !folder && eligible(&n) && !seen.contains(&n) => names.push(n),
                 Ok(_) => {}
                 // Told once, not taken: the manifest and the clients name files in UTF-8.
                 Err(odd) => {
@@ -425,9 +435,10 @@ impl Follower {
         }
         // Only with a manifest to check it against: a whole extra read of the file, most
         // often still in the page cache (it was just written, and is read next).
+        // (Not on replay of an admission recorded without one: nothing to check it with.)
         let sum = match &self.manifest {
-            Some(_) => checksum(&self.read.dir.join(&a.file)).ok(),
-            None => None,
+            Some(_) if !replayed || a.sum.is_some() => checksum(&self.read.dir.join(&a.file)).ok(),
+            _ => None,
         };
         if replayed
             && let Some(was) = a.sum

@@ -106,8 +106,6 @@ pub struct ServedPipeline {
     read_rows: usize,
     /// What `status` reports of a followed folder.
     follow: Option<Arc<FollowCounts>>,
-    /// The state directory, held while this pipeline is served.
-    claim: Option<spool::Claim>,
 }
 
 impl ServedPipeline {
@@ -159,11 +157,7 @@ impl ServedPipeline {
     /// server spooled there is admitted again first, in the same order, from its last
     /// commit's step on (on a thread of its own; pushes wait until it is over). Files are
     /// replayable already: for them this does nothing.
-    pub fn with_state_dir(
-        mut self,
-        dir: &std::path::Path,
-        segment_bytes: u64,
-    ) -> crate::Result<Self> {
+    pub fn with_state_dir(self, dir: &std::path::Path, segment_bytes: u64) -> crate::Result<Self> {
         if let Some(ingest) = &self.ingest {
             let claim = spool::claim(dir, self.delivery.plan.placement())?;
             let opened = Spool::open(dir, segment_bytes)?;
@@ -173,7 +167,7 @@ impl ServedPipeline {
             let deliver_from = opened.commit.as_ref().map_or(0, |c| c.row);
             ingest.keep_versions(dir, deliver_from, opened.replay.first_row())?;
             ingest.replay(opened.spool, opened.replay, self.runs.clone());
-            self.claim = Some(claim);
+            ingest.hold(claim);
         }
         Ok(self)
     }
@@ -214,7 +208,7 @@ impl ServedPipeline {
         let (mut manifest, mut recorded, mut ended) = (None, Vec::new(), None);
         let (mut replay_from, mut deliver_from) = (0, 0);
         if let Some(sd) = state_dir {
-            self.claim = Some(spool::claim(sd, self.delivery.plan.placement())?);
+            ingest.hold(spool::claim(sd, self.delivery.plan.placement())?);
             let (m, rec) = follow::Manifest::open(sd)?;
             ended = rec.ended;
             recorded = rec.into_replay();
@@ -325,7 +319,6 @@ impl ServedPipeline {
             featurized: Default::default(),
             read_rows: 0,
             follow: None,
-            claim: None,
             name: name.to_string(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: Some(inputs),
@@ -383,7 +376,6 @@ impl ServedPipeline {
             // Smaller than a file pipeline's reads: a new file's first rows go out sooner.
             read_rows: spec.batch_rows.min(FOLLOW_READ_ROWS),
             follow: None,
-            claim: None,
             name: spec.name.clone(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: None,

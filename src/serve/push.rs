@@ -45,6 +45,9 @@ pub(super) struct Pushed {
     /// What `status` reports, readable while a producer holds the lock (it may wait there
     /// for queue space as long as no trainer reads: `status` must not).
     pub counts: PushCounts,
+    /// The state directory, held as long as anything may write to it (the spool's replay,
+    /// a follower, a DoPut under way hold this too).
+    claim: Mutex<Option<super::spool::Claim>>,
 }
 
 /// How batches are featurized, spooled and cut as they arrive.
@@ -140,7 +143,13 @@ impl Pushed {
             followed: AtomicBool::new(false),
             replayed: Condvar::new(),
             counts,
+            claim: Mutex::default(),
         }
+    }
+
+    /// Holds `claim` on the state directory for as long as this input lives.
+    pub fn hold(&self, claim: super::spool::Claim) {
+        *lock(&self.claim) = Some(claim);
     }
 
     /// The state, once no replay is running.

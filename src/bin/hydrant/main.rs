@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use hydrant::delivery::LastBatch;
 use hydrant::demo::{TrainConfig, TrainReport};
-use hydrant::loader::{Backend, Loader, LoaderConfig, Ready};
+use hydrant::loader::{Backend, LoaderConfig};
 use hydrant::runtime::{self, Output};
 use hydrant::sink::SinkSpec;
 use hydrant::{Cluster, ClusterSecret, Pipeline, RunOptions};
@@ -456,7 +456,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
                 },
             )?),
             _ => {
-                drain(running.ranks(), &tick)?;
+                hydrant::loader::drain(running.ranks(), &tick)?;
                 None
             }
         };
@@ -517,100 +517,9 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
     Ok(summary)
 }
 
-/// Reads every rank's batches and drops them, each rank on its own thread.
 /// The most ranks `--sink train:logreg` trains: it runs a thread a rank, all meeting at a
 /// barrier each step, so one that cannot be started would hold the others forever.
 const MAX_TRAIN_RANKS: usize = 1024;
-
-/// The most threads the null sink drains ranks from: one a rank up to this many, and
-/// beyond it each thread takes turns over a share of the ranks (a thread a rank could not
-/// be had at 100,000 ranks).
-const DRAINERS: usize = 64;
-
-/// Reads every rank's batches to the end (the null sink); the first error.
-fn drain(loaders: &[Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
-    let threads = loaders.len().min(DRAINERS);
-    let share = |t: usize| -> Vec<&Loader> { loaders.iter().skip(t).step_by(threads).collect() };
-    std::thread::scope(|s| {
-        let started: Vec<_> = (0..threads)
-            .map(|t| {
-                let thread = std::thread::Builder::new().name("hydrant-drain".into());
-                (
-                    t,
-                    thread.spawn_scoped(s, move || drain_share(&share(t), tick)),
-                )
-            })
-            .collect();
-        // The shares no thread could be had for are read here, before the others are
-        // waited for: the dataflow may be waiting for room in one of their queues.
-        let here: Vec<&Loader> = started
-            .iter()
-            .filter(|(_, thread)| thread.is_err())
-            .flat_map(|(t, _)| share(*t))
-            .collect();
-        let here = drain_share(&here, tick);
-        started
-            .into_iter()
-            .filter_map(|(_, thread)| thread.ok())
-            .map(|thread| {
-                thread
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::Dataflow("a reader panicked".into())))
-            })
-            .fold(here, Result::and)
-    })
-}
-
-/// Reads `loaders` to the end: waiting on the one, or taking turns over several without
-/// waiting on any (see [`Loader::try_next_batch`]).
-fn drain_share(loaders: &[&Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
-    let mut read = 0u64;
-    let mut got = |l: &Loader| {
-        if l.rank() == 0 {
-            if read.is_multiple_of(64) {
-                tick();
-            }
-            read += 1;
-        }
-    };
-    if let [l] = loaders {
-        for b in l.batches() {
-            b?;
-            got(l);
-        }
-        return Ok(());
-    }
-    let mut live = loaders.to_vec();
-    // Idle turns wait longer and longer (up to 2 ms), so that a thousand ranks waiting on
-    // the dataflow cost little CPU; a batch brings the wait back down.
-    let mut idle = Duration::from_micros(50);
-    while !live.is_empty() {
-        let (mut any, mut failed) = (false, None);
-        live.retain(|l| match l.try_next_batch() {
-            Ready::Batch(Ok(_)) => {
-                got(l);
-                any = true;
-                true
-            }
-            Ready::Batch(Err(e)) => {
-                failed = Some(e);
-                false
-            }
-            Ready::Waiting => true,
-            Ready::Done => false,
-        });
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        if any {
-            idle = Duration::from_micros(50);
-        } else {
-            std::thread::sleep(idle);
-            idle = (idle * 2).min(Duration::from_millis(2));
-        }
-    }
-    Ok(())
-}
 
 fn progress_bar(total: u64, training: bool) -> ProgressBar {
     // Training prints its own progress lines.

@@ -7,8 +7,9 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
-use std::os::fd::AsRawFd;
 use std::path::Path;
+
+use rustix::fs::{FlockOperation, flock};
 
 use serde::{Deserialize, Serialize};
 
@@ -25,9 +26,9 @@ struct Geometry {
     order_version: u32,
     world_size: usize,
     batch_size: usize,
-    /// The shuffle window; `None` in input order.
+    /// The shuffle window and seed; `None` in input order.
     shuffle_window: Option<u64>,
-    seed: u64,
+    seed: Option<u64>,
 }
 
 impl Geometry {
@@ -37,13 +38,15 @@ impl Geometry {
             world_size: placement.world_size(),
             batch_size: placement.batch_size(),
             shuffle_window: placement.shuffled().then(|| placement.window()),
-            seed: placement.seed(),
+            // In input order the seed places nothing.
+            seed: placement.shuffled().then(|| placement.seed()),
         }
     }
 
     /// `--` options that differ from `other`'s, as `name was A, is B`.
     fn differences(&self, now: &Geometry) -> Vec<String> {
         let window = |w: Option<u64>| w.map_or("none".to_string(), |w| w.to_string());
+        // (`window` names a seed too: none in input order.)
         [
             (
                 "order version",
@@ -65,7 +68,7 @@ impl Geometry {
                 window(self.shuffle_window),
                 window(now.shuffle_window),
             ),
-            ("--seed", self.seed.to_string(), now.seed.to_string()),
+            ("--seed", window(self.seed), window(now.seed)),
         ]
         .into_iter()
         .filter(|(_, was, is)| was != is)
@@ -96,21 +99,24 @@ pub fn claim(dir: &Path, placement: &Placement) -> Result<Claim> {
         .truncate(false)
         .open(&path)
         .map_err(|e| state_error(&path, &e))?;
-    // SAFETY: `flock` takes an advisory lock on a descriptor this function owns; it reads
-    // and writes no memory.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let mut holder = String::new();
-        let _ = lock.read_to_string(&mut holder);
-        let holder = holder.trim();
-        let by = if holder.chars().all(|c| c.is_ascii_digit()) && !holder.is_empty() {
-            format!(" (process {holder})")
-        } else {
-            String::new()
-        };
-        return Err(state_error(
-            dir,
-            &format!("is in use by another server{by}: one server per --state-dir"),
-        ));
+    match flock(&lock, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            let mut holder = String::new();
+            let _ = lock.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let by = if holder.chars().all(|c| c.is_ascii_digit()) && !holder.is_empty() {
+                format!(" (process {holder})")
+            } else {
+                String::new()
+            };
+            return Err(state_error(
+                dir,
+                &format!("is in use by another server{by}: one server per --state-dir"),
+            ));
+        }
+        // A file system without locks (some NFS or FUSE mounts): said as it is.
+        Err(e) => return Err(state_error(&path, &format!("cannot be locked: {e}"))),
     }
     let pid = std::process::id().to_string();
     lock.set_len(0)
@@ -195,5 +201,13 @@ mod tests {
             let err = check_geometry(dir.path(), &other).unwrap_err().to_string();
             assert!(err.contains(named) && err.contains(GEOMETRY_FILE), "{err}");
         }
+        // In input order the seed places nothing: another one is no other geometry.
+        let dir = tempfile::tempdir().unwrap();
+        check_geometry(dir.path(), &stream(2, 100, None, 7)).unwrap();
+        check_geometry(dir.path(), &stream(2, 100, None, 8)).unwrap();
+        let err = check_geometry(dir.path(), &stream(2, 100, Some(1000), 8))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--shuffle-window was none, is 1000"), "{err}");
     }
 }

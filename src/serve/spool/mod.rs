@@ -27,8 +27,8 @@ use crate::error::{Error, Result};
 
 mod record;
 
+use record::{After, encode, whole_records};
 pub use record::{Record, Replay};
-use record::{encode, whole_records};
 
 mod claim;
 pub use claim::{Claim, claim};
@@ -164,17 +164,19 @@ impl Spool {
                 // Only the last segment is appended to, and only its last record can be
                 // torn: a short segment before it, or a bad record with whole ones after
                 // it, is damage. Cutting it off would drop acknowledged rows.
-                if i < last || scanned.damaged {
+                let why = match scanned.after {
+                    _ if i < last => Some(""),
+                    After::Whole => Some(", and whole records follow it"),
+                    After::Unknown => Some(", and what follows it cannot be told from records"),
+                    After::Nothing | After::Torn => None,
+                };
+                if let Some(why) = why {
                     return Err(state_error(
                         path,
                         &format!(
-                            "the record at byte {whole} is damaged{}: the spool cannot be \
-                             replayed past it (nothing was changed)",
-                            if scanned.damaged {
-                                ", and whole records follow it"
-                            } else {
-                                ""
-                            }
+                            "the record at byte {whole} is damaged{why}: the spool cannot be \
+                             replayed past it (nothing was changed; truncating the file to \
+                             {whole} bytes would drop every record from there on)"
                         ),
                     ));
                 }

@@ -80,9 +80,22 @@ pub(super) fn encode(record: &Record) -> Result<Vec<u8>> {
 pub(super) struct Scanned {
     /// Where its whole records end.
     pub whole: u64,
-    /// Whether a whole record follows the first bad one: the segment is damaged there,
-    /// not torn by a crash mid-append (which can only cut its last record).
-    pub damaged: bool,
+    /// What follows the first bad record, if anything does.
+    pub after: After,
+}
+
+/// What follows a segment's first bad record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum After {
+    /// Nothing: the segment ends with its whole records.
+    Nothing,
+    /// A record cut short by a crash mid-append: no whole record follows.
+    Torn,
+    /// A whole record: the bad one is damage (a flipped byte, a broken length), not a
+    /// crash's last record.
+    Whole,
+    /// Too many bytes that look like records to tell (see [`whole_record_after`]).
+    Unknown,
 }
 
 /// Where a segment's whole records end, scanning from the start: a record cut short or
@@ -110,20 +123,30 @@ pub(super) fn whole_records(file: &File) -> std::io::Result<Scanned> {
         }
         at += 12 + n as u64;
     }
-    let damaged = at < len && whole_record_after(file, at, len)?;
-    Ok(Scanned { whole: at, damaged })
+    let after = if at == len {
+        After::Nothing
+    } else {
+        whole_record_after(file, at, len)?
+    };
+    Ok(Scanned { whole: at, after })
 }
 
 /// Whether a whole record (its checksum holding) starts anywhere after byte `from` of a
-/// segment of `len` bytes. Every record's body begins with its header's length and the
-/// header's JSON, `{"end":`: only where those bytes are is a record tried.
-fn whole_record_after(file: &File, from: u64, len: u64) -> std::io::Result<bool> {
+/// segment of `len` bytes. Every record's body begins with its header's length (a few
+/// bytes' worth) and the header's JSON, `{"end":`: only where those are is a record
+/// tried. Pushed data may hold such bytes too; past a budget of bytes checked (four times
+/// what follows `from`, and 64 MiB), the answer is [`After::Unknown`].
+fn whole_record_after(file: &File, from: u64, len: u64) -> std::io::Result<After> {
     use std::os::unix::fs::FileExt;
     const MARK: &[u8] = b"{\"end\":";
     // The head (12 bytes) and the header's length (4) come before the mark.
     const BEFORE: u64 = 16;
     const CHUNK: u64 = 1 << 20;
-    let mut chunk = vec![0u8; CHUNK as usize];
+    /// The longest header a record has (its producer's name is at most a few hundred
+    /// bytes).
+    const HEADER: u64 = 64 << 10;
+    let mut budget = (len - from).saturating_mul(4).saturating_add(64 << 20);
+    let (mut chunk, mut body) = (vec![0u8; CHUNK as usize], Vec::new());
     let mut start = from + 1 + BEFORE;
     while start < len {
         let n = (len - start).min(CHUNK) as usize;
@@ -133,22 +156,31 @@ fn whole_record_after(file: &File, from: u64, len: u64) -> std::io::Result<bool>
                 continue;
             }
             let at = start + i as u64 - BEFORE;
-            let mut head = [0u8; 12];
+            let mut head = [0u8; 16];
             file.read_exact_at(&mut head, at)?;
-            let (size, sum) = split_head(&head);
-            if size as u64 > len - at - 12 {
+            let (size, sum) = split_head(head[..12].try_into().unwrap_or(&[0; 12]));
+            let header = u32::from_le_bytes([head[12], head[13], head[14], head[15]]) as u64;
+            let size = size as u64;
+            if !(MARK.len() as u64..=HEADER).contains(&header)
+                || size < 4 + header
+                || size > len - at - 12
+            {
                 continue;
             }
-            let mut body = vec![0u8; size];
+            if size > budget {
+                return Ok(After::Unknown);
+            }
+            budget -= size;
+            body.resize(size as usize, 0);
             file.read_exact_at(&mut body, at + 12)?;
             if xxhash_rust::xxh64::xxh64(&body, 0) == sum {
-                return Ok(true);
+                return Ok(After::Whole);
             }
         }
         // The next chunk overlaps this one's last bytes, so that no mark is split.
         start += (n as u64).saturating_sub(MARK.len() as u64 - 1).max(1);
     }
-    Ok(false)
+    Ok(After::Torn)
 }
 
 fn split_head(head: &[u8; 12]) -> (usize, u64) {
