@@ -126,7 +126,8 @@ pub(super) fn whole_records(file: &File) -> std::io::Result<Scanned> {
     let after = if at == len {
         After::Nothing
     } else {
-        whole_record_after(file, at, len)?
+        let budget = (len - at).saturating_mul(4).saturating_add(64 << 20);
+        whole_record_after(file, at, len, budget)?
     };
     Ok(Scanned { whole: at, after })
 }
@@ -134,9 +135,9 @@ pub(super) fn whole_records(file: &File) -> std::io::Result<Scanned> {
 /// Whether a whole record (its checksum holding) starts anywhere after byte `from` of a
 /// segment of `len` bytes. Every record's body begins with its header's length (a few
 /// bytes' worth) and the header's JSON, `{"end":`: only where those are is a record
-/// tried. Pushed data may hold such bytes too; past a budget of bytes checked (four times
-/// what follows `from`, and 64 MiB), the answer is [`After::Unknown`].
-fn whole_record_after(file: &File, from: u64, len: u64) -> std::io::Result<After> {
+/// tried. Pushed data may hold such bytes too; past `budget` bytes checked (four times what
+/// follows `from`, and 64 MiB), the answer is [`After::Unknown`].
+fn whole_record_after(file: &File, from: u64, len: u64, mut budget: u64) -> std::io::Result<After> {
     use std::os::unix::fs::FileExt;
     const MARK: &[u8] = b"{\"end\":";
     // The head (12 bytes) and the header's length (4) come before the mark.
@@ -145,7 +146,6 @@ fn whole_record_after(file: &File, from: u64, len: u64) -> std::io::Result<After
     /// The longest header a record has (its producer's name is at most a few hundred
     /// bytes).
     const HEADER: u64 = 64 << 10;
-    let mut budget = (len - from).saturating_mul(4).saturating_add(64 << 20);
     let (mut chunk, mut body) = (vec![0u8; CHUNK as usize], Vec::new());
     let mut start = from + 1 + BEFORE;
     while start < len {
@@ -303,4 +303,77 @@ fn decode(body: &[u8]) -> std::result::Result<Record, String> {
         .ok_or("no batch")?
         .map_err(|e| e.to_string())?;
     Ok(Record::Batch(header.origin, batch))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// A record's bytes: length, checksum, then a body of the header `{"end":false}` and
+    /// `payload` (as encoded, with a batch's IPC stream in place of the payload).
+    fn record(payload: &[u8]) -> Vec<u8> {
+        let header = br#"{"end":false}"#;
+        let mut body = (header.len() as u32).to_le_bytes().to_vec();
+        body.extend_from_slice(header);
+        body.extend_from_slice(payload);
+        let mut out = (body.len() as u32).to_le_bytes().to_vec();
+        out.extend_from_slice(&xxhash_rust::xxh64::xxh64(&body, 0).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// After a bad record: nothing, a torn one, a whole one, or bytes that look like
+    /// records (a plausible head whose checksum fails) past the budget.
+    #[test]
+    fn what_follows_a_bad_record_is_told_apart() {
+        let good = record(b"rows");
+        let mut bad = record(&[7u8; 100]);
+        bad[30] ^= 0xff;
+        // A head that looks whole (its header length and size fit) but does not check out.
+        let mut lookalike = record(&[9u8; 1000]);
+        lookalike[100] ^= 0xff;
+        let cases: [(Vec<Vec<u8>>, u64, After); 5] = [
+            (vec![good.clone(), good.clone()], u64::MAX, After::Nothing),
+            (
+                vec![good.clone(), bad[..50].to_vec()],
+                u64::MAX,
+                After::Torn,
+            ),
+            (
+                vec![good.clone(), bad.clone(), good.clone()],
+                u64::MAX,
+                After::Whole,
+            ),
+            (
+                vec![good.clone(), bad.clone(), lookalike.clone()],
+                u64::MAX,
+                After::Torn,
+            ),
+            (
+                vec![good.clone(), bad.clone(), lookalike, good.clone()],
+                500,
+                After::Unknown,
+            ),
+        ];
+        for (k, (parts, budget, want)) in cases.into_iter().enumerate() {
+            let mut file = tempfile::tempfile().unwrap();
+            file.write_all(&parts.concat()).unwrap();
+            std::io::Seek::rewind(&mut file).unwrap();
+            let len = file.metadata().unwrap().len();
+            let scanned = whole_records(&file).unwrap();
+            let whole = if want == After::Nothing {
+                len
+            } else {
+                good.len() as u64
+            };
+            assert_eq!(scanned.whole, whole, "case {k}");
+            let after = match want {
+                After::Nothing => scanned.after,
+                _ => whole_record_after(&file, scanned.whole, len, budget).unwrap(),
+            };
+            assert_eq!(after, want, "case {k}");
+        }
+    }
 }
