@@ -7,15 +7,17 @@ mod cluster;
 mod dataflow;
 mod fate;
 mod gather;
+mod give_up;
 mod handshake;
 mod heartbeat;
 mod read;
 mod stream;
 
 pub use agree::same_served;
-pub use cluster::{Cluster, GIVE_UP_WAIT, JOIN_TIMEOUT, Started};
+pub use cluster::{Cluster, JOIN_TIMEOUT, Started};
 pub use dataflow::{Channels, Job, OpenQueue, Output, RankQueue, Report, execute};
 pub use gather::gather;
+pub use give_up::GIVE_UP_WAIT;
 pub use handshake::ClusterSecret;
 pub use heartbeat::Signals;
 pub use stream::{Delivering, PushedRows};

@@ -29,7 +29,7 @@ use hydrant_operators::{FeaturePlan, FitPartial, FittedParam, FittedState, Step}
 use serde::{Deserialize, Serialize};
 
 use super::run::lock;
-use super::spool::{state_error, sync_dir};
+use super::spool::state_error;
 use crate::delivery::Placement;
 use crate::error::{Error, Result};
 use crate::spec::{PipelineSpec, StatsSpec};
@@ -582,14 +582,9 @@ fn open_log(path: &Path) -> Result<(File, Vec<Line>)> {
     Ok((file, lines))
 }
 
-/// Writes `bytes` to `path` atomically (a synced temporary file renamed into place).
+/// Writes `bytes` to `path` atomically (see `spool::write_synced`).
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let written = File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .and_then(|()| sync_dir(path.parent().unwrap_or(Path::new("."))));
-    written.map_err(|e| state_error(path, &e))
+    super::spool::write_synced(path, bytes).map_err(|e| state_error(path, &e))
 }
 
 fn lcm(a: u64, b: u64) -> u64 {

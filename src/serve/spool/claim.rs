@@ -13,7 +13,7 @@ use rustix::fs::{FlockOperation, flock};
 
 use serde::{Deserialize, Serialize};
 
-use super::{state_error, sync_dir};
+use super::{state_error, write_synced};
 use crate::delivery::{ORDER_VERSION, Placement};
 use crate::error::Result;
 
@@ -45,8 +45,7 @@ impl Geometry {
 
     /// `--` options that differ from `other`'s, as `name was A, is B`.
     fn differences(&self, now: &Geometry) -> Vec<String> {
-        let window = |w: Option<u64>| w.map_or("none".to_string(), |w| w.to_string());
-        // (`window` names a seed too: none in input order.)
+        let or_none = |w: Option<u64>| w.map_or("none".to_string(), |w| w.to_string());
         [
             (
                 "order version",
@@ -65,10 +64,10 @@ impl Geometry {
             ),
             (
                 "--shuffle-window",
-                window(self.shuffle_window),
-                window(now.shuffle_window),
+                or_none(self.shuffle_window),
+                or_none(now.shuffle_window),
             ),
-            ("--seed", window(self.seed), window(now.seed)),
+            ("--seed", or_none(self.seed), or_none(now.seed)),
         ]
         .into_iter()
         .filter(|(_, was, is)| was != is)
@@ -150,13 +149,8 @@ fn check_geometry(dir: &Path, placement: &Placement) -> Result<()> {
             ))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let tmp = dir.join(format!("{GEOMETRY_FILE}.tmp"));
             let json = serde_json::to_vec(&now).map_err(|e| state_error(&path, &e))?;
-            File::create(&tmp)
-                .and_then(|mut f| f.write_all(&json).and_then(|()| f.sync_all()))
-                .and_then(|()| std::fs::rename(&tmp, &path))
-                .and_then(|()| sync_dir(dir))
-                .map_err(|e| state_error(&path, &e))
+            write_synced(&path, &json).map_err(|e| state_error(&path, &e))
         }
         Err(e) => Err(state_error(&path, &e)),
     }

@@ -118,6 +118,18 @@ pub(super) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Writes `bytes` to `path` atomically and durably: a synced temporary file beside it
+/// (`NAME.tmp`) renamed into place, then its folder synced.
+pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .and_then(|()| sync_dir(path.parent().unwrap_or(Path::new("."))))
+}
+
 impl Spool {
     /// Opens the log in `dir` (creating both), deletes the segments a commit left behind,
     /// cuts off a torn last record, and returns the log with the last commit and a reader
@@ -289,13 +301,9 @@ impl Committer {
     /// segments wholly before its row. Returns how many were deleted.
     pub fn commit(&self, commit: &Commit) -> Result<usize> {
         let path = self.dir.join(COMMIT_FILE);
-        let tmp = self.dir.join(format!("{COMMIT_FILE}.tmp"));
         let json = serde_json::to_vec(commit).map_err(|e| state_error(&path, &e))?;
-        let written = File::create(&tmp)
-            .and_then(|mut f| f.write_all(&json).and_then(|()| f.sync_all()))
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .and_then(|()| sync_dir(&self.dir));
-        written.map_err(|e| state_error(&path, &format!("cannot save the commit: {e}")))?;
+        write_synced(&path, &json)
+            .map_err(|e| state_error(&path, &format!("cannot save the commit: {e}")))?;
         // The segment appended to is never deleted: appends need no lock of this.
         let deleted = trim(&mut lock(&self.segments), commit.keep_from())?;
         if deleted > 0 {

@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use arrow::array::RecordBatch;
@@ -105,23 +106,9 @@ pub(super) enum After {
 /// every acknowledged record behind it.
 pub(super) fn whole_records(file: &File) -> std::io::Result<Scanned> {
     let len = file.metadata()?.len();
-    let mut r = std::io::BufReader::new(file);
     let (mut at, mut body) = (0u64, Vec::new());
-    loop {
-        let mut head = [0u8; 12];
-        if r.read_exact(&mut head).is_err() {
-            break;
-        }
-        let (n, sum) = split_head(&head);
-        // A broken length must not allocate what the file does not hold.
-        if n as u64 > len - at - 12 {
-            break;
-        }
-        body.resize(n, 0);
-        if r.read_exact(&mut body).is_err() || xxhash_rust::xxh64::xxh64(&body, 0) != sum {
-            break;
-        }
-        at += 12 + n as u64;
+    while let Some(n) = whole_at(file, at, len, &mut body)? {
+        at += n;
     }
     let after = if at == len {
         After::Nothing
@@ -138,7 +125,6 @@ pub(super) fn whole_records(file: &File) -> std::io::Result<Scanned> {
 /// tried. Pushed data may hold such bytes too; past `budget` bytes checked (four times what
 /// follows `from`, and 64 MiB), the answer is [`After::Unknown`].
 fn whole_record_after(file: &File, from: u64, len: u64, mut budget: u64) -> std::io::Result<After> {
-    use std::os::unix::fs::FileExt;
     const MARK: &[u8] = b"{\"end\":";
     // The head (12 bytes) and the header's length (4) come before the mark.
     const BEFORE: u64 = 16;
@@ -158,7 +144,7 @@ fn whole_record_after(file: &File, from: u64, len: u64, mut budget: u64) -> std:
             let at = start + i as u64 - BEFORE;
             let mut head = [0u8; 16];
             file.read_exact_at(&mut head, at)?;
-            let (size, sum) = split_head(head[..12].try_into().unwrap_or(&[0; 12]));
+            let (size, _) = split_head(head[..12].try_into().unwrap_or(&[0; 12]));
             let header = u32::from_le_bytes([head[12], head[13], head[14], head[15]]) as u64;
             let size = size as u64;
             if !(MARK.len() as u64..=HEADER).contains(&header)
@@ -171,9 +157,7 @@ fn whole_record_after(file: &File, from: u64, len: u64, mut budget: u64) -> std:
                 return Ok(After::Unknown);
             }
             budget -= size;
-            body.resize(size as usize, 0);
-            file.read_exact_at(&mut body, at + 12)?;
-            if xxhash_rust::xxh64::xxh64(&body, 0) == sum {
+            if whole_at(file, at, len, &mut body)?.is_some() {
                 return Ok(After::Whole);
             }
         }
@@ -181,6 +165,24 @@ fn whole_record_after(file: &File, from: u64, len: u64, mut budget: u64) -> std:
         start += (n as u64).saturating_sub(MARK.len() as u64 - 1).max(1);
     }
     Ok(After::Torn)
+}
+
+/// The bytes of the whole record at byte `at` of a segment of `len` bytes (its checksum
+/// holding), if one is there; its body is read into `body`.
+fn whole_at(file: &File, at: u64, len: u64, body: &mut Vec<u8>) -> std::io::Result<Option<u64>> {
+    if len - at < 12 {
+        return Ok(None);
+    }
+    let mut head = [0u8; 12];
+    file.read_exact_at(&mut head, at)?;
+    let (n, sum) = split_head(&head);
+    // A broken length must not allocate what the file does not hold.
+    if n as u64 > len - at - 12 {
+        return Ok(None);
+    }
+    body.resize(n, 0);
+    file.read_exact_at(body, at + 12)?;
+    Ok((xxhash_rust::xxh64::xxh64(body, 0) == sum).then_some(12 + n as u64))
 }
 
 fn split_head(head: &[u8; 12]) -> (usize, u64) {
