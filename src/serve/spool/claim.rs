@@ -87,8 +87,11 @@ pub struct Claim {
 }
 
 /// Takes `dir` (creating it) for this server: refused while another server holds it,
-/// and if it was written with another stream geometry than `placement`'s.
+/// if it was written with another stream geometry than `placement`'s, and if it holds
+/// something else than a server's state (see [`check_is_state`]), before anything is
+/// written there.
 pub fn claim(dir: &Path, placement: &Placement) -> Result<Claim> {
+    check_is_state(dir)?;
     std::fs::create_dir_all(dir).map_err(|e| state_error(dir, &e))?;
     let path = dir.join(LOCK_FILE);
     let mut lock = OpenOptions::new()
@@ -124,6 +127,58 @@ pub fn claim(dir: &Path, placement: &Placement) -> Result<Claim> {
         .map_err(|e| state_error(&path, &e))?;
     check_geometry(dir, placement)?;
     Ok(Claim { _lock: lock })
+}
+
+/// Refuses a `dir` that holds files but none a server writes: a mistyped `--state-dir`
+/// naming a data folder or a home directory would otherwise get a lock, a geometry file
+/// and a spool segment among the user's files. A new, missing or empty folder is fine;
+/// hidden entries and `lost+found` (a fresh mount point) do not count.
+fn check_is_state(dir: &Path) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(state_error(dir, &e)),
+    };
+    let mut foreign = None;
+    for entry in entries {
+        let name = entry.map_err(|e| state_error(dir, &e))?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || name == "lost+found" {
+            continue;
+        }
+        if is_state_file(&name) {
+            return Ok(());
+        }
+        foreign.get_or_insert_with(|| name.into_owned());
+    }
+    match foreign {
+        None => Ok(()),
+        Some(name) => Err(state_error(
+            dir,
+            &format!(
+                "holds files but no server state ({name:?}, for one): give --state-dir a new \
+                 or empty folder, or the one an earlier server wrote"
+            ),
+        )),
+    }
+}
+
+/// Whether `name` is a file a server writes in its state directory (or its temporary
+/// file while it is written).
+fn is_state_file(name: &str) -> bool {
+    use super::COMMIT_FILE;
+    use crate::serve::MANIFEST_FILE;
+    use crate::serve::refresh::VERSIONS_FILE;
+    let name = name.strip_suffix(".tmp").unwrap_or(name);
+    let numbered = |prefix: &str, suffix: &str| {
+        name.strip_prefix(prefix)
+            .and_then(|n| n.strip_suffix(suffix))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    [GEOMETRY_FILE, COMMIT_FILE, MANIFEST_FILE, VERSIONS_FILE].contains(&name)
+        || numbered("pushed-", ".spool")
+        || numbered("state-", ".json")
+        || numbered("stats-", ".json")
 }
 
 /// Checks that `dir` was written with `placement`'s stream geometry, or records it there
@@ -171,6 +226,42 @@ mod tests {
         assert!(err.contains(&me), "{err}");
         drop(held);
         claim(dir.path(), &placement).unwrap();
+    }
+
+    /// A folder of someone else's files is refused before anything is written there; a
+    /// new, empty or server-written one is taken.
+    #[test]
+    fn a_folder_of_other_files_is_not_taken_for_state() {
+        let placement = Placement::new(2, 100, LastBatch::Pad, 0, None).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("train.parquet"), b"data").unwrap();
+        std::fs::write(dir.path().join(".hidden"), b"").unwrap();
+        let err = claim(dir.path(), &placement).unwrap_err().to_string();
+        assert!(
+            err.contains("no server state") && err.contains("train.parquet"),
+            "{err}"
+        );
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".hidden", "train.parquet"], "something was written");
+
+        for ours in ["pushed-00000000000000004096.spool", "commit.json", "state-3.json"] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("notes.txt"), b"").unwrap();
+            std::fs::write(dir.path().join(ours), b"").unwrap();
+            claim(dir.path(), &placement).unwrap();
+        }
+        for lookalike in ["pushed-x.spool", "state-.json", "commit.json.bak"] {
+            assert!(!is_state_file(lookalike), "{lookalike}");
+        }
+        let fresh = tempfile::tempdir().unwrap();
+        claim(&fresh.path().join("new"), &placement).unwrap();
+        let mount = tempfile::tempdir().unwrap();
+        std::fs::create_dir(mount.path().join("lost+found")).unwrap();
+        claim(mount.path(), &placement).unwrap();
     }
 
     #[test]
