@@ -49,6 +49,32 @@ pub enum Error {
     Dataflow(String),
 }
 
+impl Error {
+    /// Where this error comes from, as a run's error slot records it (see [`origin`]).
+    pub(crate) fn origin(&self) -> &'static str {
+        match self {
+            Error::Input { .. } | Error::State { .. } => origin::INPUT,
+            _ => origin::RUN,
+        }
+    }
+}
+
+/// Where a run's failure came from, as its error slot records it
+/// ([`ErrorSlot::origin`](hydrant_operators::ErrorSlot::origin)): a server tells its
+/// trainers which it was, since what they should do differs (fix the input, restart the
+/// cluster, report a bug).
+pub(crate) mod origin {
+    /// Input that cannot be read: a file (at start or during a run), or pushed or
+    /// followed input that cannot be admitted or replayed.
+    pub const INPUT: &str = "input";
+    /// An input file read during a run (the source operator).
+    pub const SOURCE: &str = "source";
+    /// A process of the cluster was lost.
+    pub const CLUSTER: &str = "cluster";
+    /// The run itself.
+    pub const RUN: &str = "run";
+}
+
 impl From<hydrant_operators::OpError> for Error {
     fn from(e: hydrant_operators::OpError) -> Self {
         Error::Op(Box::new(e))

@@ -479,6 +479,8 @@ fn a_stream_that_cannot_be_replayed_ends_its_trainers_with_the_reason() {
                     ended.contains(needle) && ended.contains("cannot be admitted again"),
                     "rank {rank}: {ended}"
                 );
+                // Not the server's fault, nor mended by retrying as it is.
+                assert!(ended.contains("FailedPrecondition"), "rank {rank}: {ended}");
             }
             let refused = end_ingest(&uri)
                 .await

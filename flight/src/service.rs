@@ -104,6 +104,10 @@ pub enum ServeError {
     /// Too much is already running (RESOURCE_EXHAUSTED).
     #[error("{0}")]
     ResourceExhausted(String),
+    /// Not now, but retrying later may work, e.g. a process of the cluster was lost and
+    /// is to be restarted (UNAVAILABLE).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ServeError {
@@ -124,6 +128,7 @@ impl From<ServeError> for Status {
             ServeError::Internal(m) => Status::internal(m),
             ServeError::Aborted(m) => Status::aborted(m),
             ServeError::ResourceExhausted(m) => Status::resource_exhausted(m),
+            ServeError::Unavailable(m) => Status::unavailable(m),
         }
     }
 }

@@ -72,7 +72,10 @@ class _Pump:
             self.put(_END)
         except (flight.FlightError, pa.ArrowException) as e:
             if not self.stop.is_set():
-                self.put(_Failed(HydrantError(str(e))))
+                failed = HydrantError(str(e))
+                # The Flight error says what kind of failure it was (its gRPC status).
+                failed.__cause__ = e
+                self.put(_Failed(failed))
         except BaseException as e:  # handed to the consumer, never lost on this thread
             if not self.stop.is_set():
                 self.put(_Failed(e))

@@ -1,6 +1,8 @@
 """A server whose input changes underneath it, or whose run panics, fails the affected
 stream, not the process."""
 
+import pyarrow as pa
+import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
@@ -26,6 +28,11 @@ def test_an_input_truncated_while_served_fails_its_stream_only(data, tmp_path):
         with pytest.raises(HydrantError) as e:
             list(client.batches("criteo", 0, 1))
         assert "rows.arrow" in str(e.value) and "truncated" in str(e.value), str(e.value)
+        # FAILED_PRECONDITION (the input must be mended first), which pyarrow raises as
+        # ArrowInvalid: not INTERNAL, which would say the server is broken.
+        cause = e.value.__cause__
+        assert isinstance(cause, pa.ArrowInvalid), repr(cause)
+        assert not isinstance(cause, flight.FlightInternalError), repr(cause)
         # Named as the pipeline's input, not by the server's path.
         assert str(tmp_path) not in str(e.value), str(e.value)
         # The process is alive (no SIGBUS) and still answers.

@@ -323,7 +323,8 @@ pub(super) fn supervise<T: Send + 'static>(
         // The other workers would wait for the failed one forever, and joining timely's
         // threads after a failure panics: let them be (a command exits; an embedded
         // caller's loaders get the error).
-        errors.set_message(&failure);
+        // A worker's panic is in the slot already (`Fate::fail`): what is left is a lost peer.
+        errors.set_from(crate::error::origin::CLUSTER, &failure);
         guards.abandon();
         return Err(Error::Dataflow(failure));
     }

@@ -100,14 +100,21 @@ impl ServedPipeline {
         job.signals = Some(signals.clone());
         let (tell, failed) = tokio::sync::watch::channel(None);
         let process = cluster.process;
+        let (errors, runs) = (job.errors.clone(), Arc::downgrade(&self.runs));
         std::thread::Builder::new()
             .name("hydrant-cluster".into())
             .spawn(move || {
                 if let Err(e) = runtime::execute(job, &cluster, || {}) {
+                    let origin = errors.origin().unwrap_or_else(|| e.origin().into());
                     let why = match e {
                         crate::Error::Dataflow(why) => why,
                         other => other.to_string(),
                     };
+                    // Every epoch's trainers are told why (a lost peer: UNAVAILABLE), rather
+                    // than wait on queues the failed dataflow no longer feeds.
+                    for run in runs.upgrade().iter().flat_map(|r| lock(r).clone()) {
+                        run.fail(Some(&origin), &why);
+                    }
                     let _ = tell.send(Some(why));
                 }
             })
@@ -130,8 +137,12 @@ impl ServedPipeline {
             return std::future::pending().await;
         };
         let mut failed = c.failed.clone();
-        match failed.wait_for(Option::is_some).await {
-            Ok(why) => why.clone().unwrap_or_default(),
+        let why = failed
+            .wait_for(Option::is_some)
+            .await
+            .map(|why| why.clone().unwrap_or_default());
+        match why {
+            Ok(why) => why,
             // The dataflow's thread is gone without a word: it ended (all epochs sent).
             Err(_) => std::future::pending().await,
         }

@@ -544,7 +544,7 @@ impl Pushed {
 /// sent what was admitted, rather than wait for rows that will never come.
 fn fail_locked(st: &mut Ingest, counts: &PushCounts, why: String) {
     *lock(&counts.replay_failed) = Some(why.clone());
-    st.errors.set("input", &why);
+    st.errors.set(crate::error::origin::INPUT, &why);
     st.replay_failed = Some(why);
     st.rows_out = None;
 }

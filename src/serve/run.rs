@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use hydrant_flight::batch_bytes;
+use hydrant_flight::{ServeError, batch_bytes};
 use hydrant_operators::ErrorSlot;
 use tokio::sync::mpsc::{Receiver, Sender, channel};
 use tokio_util::sync::CancellationToken;
@@ -49,6 +49,9 @@ pub(super) struct Run {
     redact: Redact,
     /// Stops the dataflow feeding the queues (when the run is forgotten).
     pub stop: CancellationToken,
+    /// Cancelled when the run failed from outside ([`Run::fail`]): its streams end with
+    /// the failure once they have sent what is queued.
+    pub broken: CancellationToken,
     /// The queues' senders until a dataflow takes them, each rank's once (a served
     /// cluster's run is made before its dataflow reaches its epoch).
     feed: Mutex<Vec<Option<Sender<RankBatch>>>>,
@@ -139,6 +142,7 @@ impl Run {
             replay_bytes,
             redact,
             stop: CancellationToken::new(),
+            broken: CancellationToken::new(),
             feed: Mutex::default(),
             ahead: AtomicBool::new(false),
         });
@@ -177,6 +181,31 @@ impl Run {
             text = text.replace(path.as_str(), name);
         }
         Some(text)
+    }
+
+    /// Fails the run from outside, as `why` from `origin` (see [`Run::failure_status`]): a
+    /// served cluster's one dataflow feeds every epoch's run, and its queues are not
+    /// closed when it fails. Streams waiting on the run end with the failure.
+    pub fn fail(&self, origin: Option<&str>, why: &str) {
+        match origin {
+            Some(origin) => self.errors.set_from(origin, why),
+            None => self.errors.set_message(why),
+        }
+        self.broken.cancel();
+    }
+
+    /// The run's failure as its trainers are told it, by where it came from: input that
+    /// cannot be read or replayed is FAILED_PRECONDITION (retrying will not help until it
+    /// is mended), a lost process of the cluster UNAVAILABLE (restart it, then resume), and
+    /// anything else INTERNAL.
+    pub fn failure_status(&self) -> Option<ServeError> {
+        use crate::error::origin;
+        let text = format!("pipeline failed: {}", self.failure()?);
+        Some(match self.errors.origin().as_deref() {
+            Some(origin::INPUT | origin::SOURCE) => ServeError::FailedPrecondition(text),
+            Some(origin::CLUSTER) => ServeError::Unavailable(text),
+            _ => ServeError::Internal(text),
+        })
     }
 
     pub fn serves(&self, rank: usize) -> bool {

@@ -133,7 +133,7 @@ impl ServedPipeline {
                             "hydrant: the run of epoch {epoch}{only} failed: {e}"
                         );
                     }
-                    errors.set("run", e);
+                    errors.set(e.origin(), e);
                 }
                 ended.cancel();
                 // The queues end only now, so that a stream that sees their end sees the

@@ -183,6 +183,7 @@ impl Consumer {
             return Some(Ok(rb));
         }
         let cancel = self.attached.cancel.clone();
+        let broken = self.run.broken.clone();
         loop {
             if let Some(rb) = self.take_pending().transpose() {
                 return Some(rb);
@@ -204,6 +205,8 @@ impl Consumer {
                     biased;
                     _ = cancel.cancelled() => return Some(Err(self.superseded())),
                     got = queue.recv() => break got,
+                    // What was queued before the run failed still goes; then the failure.
+                    _ = broken.cancelled() => break queue.try_recv().ok(),
                     // Looked at again every `absent_after` while this stream waits: a rank
                     // whose trainer goes away later (killed mid-epoch) is let go then.
                     _ = tokio::time::sleep(self.let_go.after), if absent => {
@@ -246,10 +249,7 @@ impl Consumer {
                     if self.run.steps.is_some_and(|n| self.next >= n) {
                         return None;
                     }
-                    return self
-                        .run
-                        .failure()
-                        .map(|e| Err(ServeError::Internal(format!("pipeline failed: {e}"))));
+                    return self.run.failure_status().map(Err);
                 }
             }
         }

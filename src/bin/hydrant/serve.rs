@@ -351,19 +351,24 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                 std::future::pending::<()>().await;
             }
         };
-        let graceful = server.serve(listener, stopped(stop.clone()));
-        tokio::select! {
-            served = graceful => served
-                .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e)))),
-            // The cluster shares its fate: a lost peer ends every process, with one line;
-            // unless this process is being stopped too (a cluster's processes stopped
-            // together see each other go; the signals may reach them a moment apart).
-            why = failed.cluster_failed() => {
-                match tokio::time::timeout(Duration::from_secs(1), stopped(stop.clone())).await {
-                    Ok(()) => Ok(()),
-                    Err(_) => Err(Error::Dataflow(why)),
+        // Closing starts on a signal, or once the cluster failed: then each open stream
+        // ends with the failure (UNAVAILABLE for a lost peer), not a cut connection.
+        let (lost_tx, mut lost) = tokio::sync::watch::channel(None::<String>);
+        let closing = {
+            let stop = stop.clone();
+            async move {
+                tokio::select! {
+                    () = stopped(stop) => {}
+                    why = failed.cluster_failed() => {
+                        let _ = lost_tx.send(Some(why));
+                    }
                 }
             }
+        };
+        let graceful = server.serve(listener, closing);
+        let served = tokio::select! {
+            served = graceful => served
+                .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e)))),
             _ = async {
                 stopped(stop.clone()).await;
                 tokio::time::sleep(Duration::from_secs(5)).await;
@@ -371,6 +376,25 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                 hydrant::operators::log_line!("hydrant: streams still open after 5 s; closing them");
                 Ok(())
             }
+            // A failed cluster's streams have ended by now; one waiting for a run no
+            // one feeds is not waited for.
+            _ = async {
+                if lost.wait_for(Option::is_some).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            } => Ok(()),
+        };
+        // The cluster shares its fate: a lost peer ends every process, with one line;
+        // unless this process is being stopped too (a cluster's processes stopped
+        // together see each other go; the signals may reach them a moment apart).
+        let why = lost.borrow().clone();
+        match why {
+            Some(why) => match tokio::time::timeout(Duration::from_secs(1), stopped(stop)).await {
+                Ok(()) => Ok(()),
+                Err(_) => Err(Error::Dataflow(why)),
+            },
+            None => served,
         }
     });
     // A producer's DoPut may still wait for queue space on a blocking thread that no

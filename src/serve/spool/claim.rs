@@ -248,7 +248,11 @@ mod tests {
         names.sort();
         assert_eq!(names, [".hidden", "train.parquet"], "something was written");
 
-        for ours in ["pushed-00000000000000004096.spool", "commit.json", "state-3.json"] {
+        for ours in [
+            "pushed-00000000000000004096.spool",
+            "commit.json",
+            "state-3.json",
+        ] {
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("notes.txt"), b"").unwrap();
             std::fs::write(dir.path().join(ours), b"").unwrap();
