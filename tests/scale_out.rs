@@ -48,6 +48,17 @@ fn cluster_process(
     p: usize,
     input: Option<&Path>,
 ) -> std::process::Child {
+    cluster_process_with(io, hosts, p, input, &[])
+}
+
+/// [`cluster_process`] with `extra` arguments at the end.
+fn cluster_process_with(
+    io: &(PathBuf, PathBuf),
+    hosts: &Path,
+    p: usize,
+    input: Option<&Path>,
+    extra: &[&str],
+) -> std::process::Child {
     let toml = criteo_toml();
     let mut args = null_args(io, &toml, &["--ranks", "2", "--workers", "1"]);
     if let Some(input) = input {
@@ -58,6 +69,7 @@ fn cluster_process(
         .args(args)
         .args(["--processes", "2", "--process", &process, "--hostfile"])
         .arg(hosts)
+        .args(extra)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -423,6 +435,38 @@ fn a_process_that_fails_before_joining_stops_the_others_at_once() {
             "process 1 first: {process_1_first}, {took:?}"
         );
     }
+}
+
+/// A process whose command line is refused (a mistyped option) tells the others too: they
+/// stop at once naming it and the option, not after the join's minute.
+#[test]
+fn a_process_with_a_bad_command_line_stops_the_others_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let hosts = dir.path().join("hosts");
+    let ports = [free_port(), free_port()];
+    std::fs::write(
+        &hosts,
+        format!("127.0.0.1:{}\n127.0.0.1:{}\n", ports[0], ports[1]),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let zero = cluster_process(&io, &hosts, 0, None);
+    std::thread::sleep(Duration::from_millis(300));
+    let one = cluster_process_with(&io, &hosts, 1, None, &["--shufle"]);
+    let one = one.wait_with_output().unwrap();
+    assert_eq!(one.status.code(), Some(2));
+    let zero = zero.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&zero.stderr).trim().to_string();
+    assert!(!zero.status.success());
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.contains("process 1 (") && said.contains("stopped before joining"),
+        "{said}"
+    );
+    assert!(said.contains("--shufle"), "{said}");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "{took:?}");
 }
 
 /// A hostfile may list more hosts than the job's processes (one file for every job of a

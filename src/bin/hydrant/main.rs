@@ -252,6 +252,9 @@ fn main() -> ExitCode {
                 l => l,
             };
             hydrant::operators::log_line!("hydrant: {line} (see --help)");
+            if let Some(cluster) = cluster_of_refused(std::env::args_os().skip(1)) {
+                cluster.give_up(&line);
+            }
             return ExitCode::from(2);
         }
         Err(e) => e.exit(),
@@ -343,6 +346,43 @@ pub(crate) fn told_peers(common: &Common, e: Error) -> Error {
         let _ = GIVE_UP.set(cluster);
     }
     e
+}
+
+/// The cluster a command line that clap refused names, if it names one of two or more
+/// processes, so that the peers waiting for this one to join are told why it stopped
+/// rather than wait out the join's minute. Read by hand, leniently: clap stops at the
+/// first bad argument and gives nothing back. Only `--processes`, `--process`, `--hostfile`
+/// and `--cluster-secret-file` are looked for, as `--name value` or `--name=value`;
+/// `None` when they do not make a cluster or the secret cannot be read (see
+/// [`told_peers`]).
+fn cluster_of_refused(args: impl Iterator<Item = std::ffi::OsString>) -> Option<Cluster> {
+    let args: Vec<String> = args.filter_map(|a| a.into_string().ok()).collect();
+    let value = |name: &str| {
+        let flag = format!("--{name}");
+        let inline = format!("{flag}=");
+        args.iter()
+            .enumerate()
+            .find_map(|(i, a)| match a.strip_prefix(&inline) {
+                Some(v) => Some(v.to_string()),
+                None if *a == flag => args.get(i + 1).cloned(),
+                None => None,
+            })
+    };
+    let processes: usize = value("processes")?.parse().ok()?;
+    let process: usize = value("process").map_or(Some(0), |p| p.parse().ok())?;
+    if !(2..=MAX_PROCESSES).contains(&processes) || process >= processes {
+        return None;
+    }
+    let common = Common {
+        pipeline: PathBuf::new(),
+        input: Vec::new(),
+        workers: None,
+        processes,
+        process,
+        hostfile: Some(PathBuf::from(value("hostfile")?)),
+        cluster_secret_file: value("cluster-secret-file").map(PathBuf::from),
+    };
+    cluster_of(&common, 1).ok()
 }
 
 /// The cluster of `common`'s options, with `workers` threads a process; fails if its
