@@ -475,7 +475,9 @@ pub fn read_state(path: &Path) -> Result<FittedState> {
 const MAX_STATE_BYTES: u64 = 4 << 30;
 
 /// Starts `job` on `cluster` with the rank batches of this process's ranks going to one
-/// loader per rank (see [`loader::spawn`]).
+/// loader per rank (see [`loader::spawn`]). An error here comes before this process has
+/// joined its cluster: a caller of several processes may tell the peers waiting for it
+/// with [`Cluster::give_up`].
 pub fn start(mut job: Job, cluster: Cluster, config: LoaderConfig) -> Result<Running> {
     let world = job.delivery.plan.world_size();
     let ownership = Ownership {

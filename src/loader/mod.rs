@@ -316,7 +316,8 @@ impl Loader {
 
     /// The next batch if one is ready, without waiting: for a reader that takes turns
     /// over several ranks, which must not wait on one rank while another has a batch (the
-    /// dataflow may be waiting for room in any rank's queue). Not counted as stall time.
+    /// dataflow may be waiting for room in any rank's queue). Not counted as stall time:
+    /// such a reader counts it ([`drain`] does).
     pub fn try_next_batch(&self) -> Ready {
         match self.rx.try_recv() {
             Ok(got) => {
@@ -346,6 +347,12 @@ impl Loader {
     /// The batches as an iterator.
     pub fn batches(&self) -> impl Iterator<Item = Result<TrainingBatch>> + '_ {
         std::iter::from_fn(|| self.next_batch())
+    }
+
+    /// Adds `waited` to the rank's stall time.
+    fn stalled(&self, waited: Duration) {
+        let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.stats.stall_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// Time spent waiting in [`Loader::next_batch`] so far.
@@ -418,24 +425,37 @@ fn drain_share(loaders: &[&Loader], tick: &(dyn Fn() + Sync)) -> Result<()> {
         }
         return Ok(());
     }
-    let mut live = loaders.to_vec();
+    // Each rank with when a turn first found it waiting: its stall lasts until a turn
+    // finds its next batch (or its end), as a reader waiting on it alone would count it.
+    let mut live: Vec<(&Loader, Option<Instant>)> = loaders.iter().map(|&l| (l, None)).collect();
     // Idle turns wait longer and longer (up to 2 ms), so that a thousand ranks waiting on
     // the dataflow cost little CPU; a batch brings the wait back down.
     let mut idle = Duration::from_micros(50);
     while !live.is_empty() {
         let (mut any, mut failed) = (false, None);
-        live.retain(|l| match l.try_next_batch() {
-            Ready::Batch(Ok(_)) => {
-                got(l);
-                any = true;
-                true
+        live.retain_mut(|(l, waiting)| {
+            let ready = l.try_next_batch();
+            if !matches!(ready, Ready::Waiting)
+                && let Some(since) = waiting.take()
+            {
+                l.stalled(since.elapsed());
             }
-            Ready::Batch(Err(e)) => {
-                failed = Some(e);
-                false
+            match ready {
+                Ready::Batch(Ok(_)) => {
+                    got(l);
+                    any = true;
+                    true
+                }
+                Ready::Batch(Err(e)) => {
+                    failed = Some(e);
+                    false
+                }
+                Ready::Waiting => {
+                    waiting.get_or_insert_with(Instant::now);
+                    true
+                }
+                Ready::Done => false,
             }
-            Ready::Waiting => true,
-            Ready::Done => false,
         });
         if let Some(e) = failed {
             return Err(e);
@@ -634,6 +654,33 @@ mod tests {
         let (feed, loader, actor) = spawn(0, config, errors.clone()).unwrap();
         assert!(actor.is_none(), "host loaders need no thread");
         (feed, loader, errors)
+    }
+
+    /// Drained by one thread taking turns over two ranks, the rank whose batch comes late
+    /// counts the wait as its stall, and the one whose batches were there does not.
+    #[test]
+    fn a_reader_taking_turns_counts_each_ranks_stall() {
+        let (late_feed, late, _) = host(2);
+        let (ready_feed, ready, _) = host(2);
+        ready_feed.send(batch(0, false)).unwrap();
+        drop(ready_feed);
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            late_feed.send(batch(0, false)).unwrap();
+        });
+        drain_share(&[&late, &ready], &|| {}).unwrap();
+        sender.join().unwrap();
+        assert!(
+            late.stall() >= Duration::from_millis(250),
+            "{:?}",
+            late.stall()
+        );
+        assert!(
+            ready.stall() < Duration::from_millis(100),
+            "{:?}",
+            ready.stall()
+        );
+        assert_eq!((late.received(), ready.received()), (1, 1));
     }
 
     #[test]

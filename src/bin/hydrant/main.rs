@@ -477,7 +477,8 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
     }
     let mut consumed = Consumed::default();
     let report = if use_loaders {
-        let running = hydrant::start(job, cluster.clone(), loader)?;
+        // `start` fails only before the dataflow joins (a loader's device, a thread).
+        let running = hydrant::start(job, cluster.clone(), loader).map_err(told)?;
         let t0 = Instant::now();
         consumed.train = match &sink {
             SinkSpec::Train => Some(hydrant::demo::train(
