@@ -384,9 +384,17 @@ fn a_process_that_cannot_start_stops_the_others_at_once() {
     let tls: Vec<String> = ["--tls-cert", &missing, "--tls-key", &missing]
         .map(String::from)
         .into();
+    // Readable, but no certificate: found before the join too.
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let garbage = garbage.to_str().unwrap().to_string();
+    let bad_pem: Vec<String> = ["--tls-cert", &garbage, "--tls-key", &garbage]
+        .map(String::from)
+        .into();
     for (why, extra) in [
         (format!("--listen {taken_at}"), listen),
         (missing.clone(), tls),
+        ("--tls-cert/--tls-key".to_string(), bad_pem),
     ] {
         let started = std::time::Instant::now();
         let children = spawn_cluster_with(dir.path(), 2, 1, |p| {

@@ -39,5 +39,7 @@ pub use check::{
 };
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use encode::batch_bytes;
-pub use service::{Accepted, BatchMeta, FlightServer, Origin, RankStream, ServeError, Served};
+pub use service::{
+    Accepted, BatchMeta, FlightServer, Origin, RankStream, ServeError, Served, check_tls,
+};
 pub use ticket::{Ticket, TicketError};

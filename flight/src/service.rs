@@ -119,6 +119,23 @@ impl ServeError {
     }
 }
 
+/// Checks that `cert_pem` and `key_pem` make a TLS identity to serve with, as
+/// [`FlightServer::with_tls`] would take them: for a program that must refuse them before
+/// it does anything else (a cluster's process, before it joins its peers).
+pub fn check_tls(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), String> {
+    tls_config(cert_pem, key_pem).map(drop)
+}
+
+/// The server's TLS configuration of a PEM certificate (chain) and key, built once here so
+/// that a bad certificate or key is refused before serving.
+fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<ServerTlsConfig, String> {
+    let config = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
+    tonic::transport::Server::builder()
+        .tls_config(config.clone())
+        .map_err(|e| crate::client::chain(&e))?;
+    Ok(config)
+}
+
 impl From<ServeError> for Status {
     fn from(e: ServeError) -> Status {
         match e {
@@ -250,12 +267,7 @@ impl FlightServer {
     /// Serves over TLS (rustls) with this PEM certificate chain and private key; errs,
     /// saying why, if they cannot be used.
     pub fn with_tls(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, String> {
-        let config = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
-        // Built once here, so that a bad certificate or key is refused before serving.
-        tonic::transport::Server::builder()
-            .tls_config(config.clone())
-            .map_err(|e| crate::client::chain(&e))?;
-        self.tls = Some(config);
+        self.tls = Some(tls_config(cert_pem, key_pem)?);
         Ok(self)
     }
 

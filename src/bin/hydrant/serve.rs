@@ -178,7 +178,11 @@ fn open(args: &ServeArgs) -> Result<Opened> {
                 hydrant::operators::read_small_file(path, 1 << 20)
                     .map_err(|e| Error::Usage(format!("{flag} {}: {e}", path.display())))
             };
-            Some((read("--tls-cert", cert)?, read("--tls-key", key)?))
+            let (cert, key) = (read("--tls-cert", cert)?, read("--tls-key", key)?);
+            // Checked now, not once the cluster has joined: peers then only lose a process.
+            hydrant_flight::check_tls(&cert, &key)
+                .map_err(|e| Error::Usage(format!("--tls-cert/--tls-key: {e}")))?;
+            Some((cert, key))
         }
         _ => None,
     };
