@@ -74,6 +74,7 @@ impl ServedPipeline {
             redact: self.redact.clone(),
             start: (d.start_epoch, d.start_step),
             end: d.epochs,
+            made: Mutex::default(),
         });
         let mut job = Job::new(
             inputs,
@@ -100,7 +101,7 @@ impl ServedPipeline {
         job.signals = Some(signals.clone());
         let (tell, failed) = tokio::sync::watch::channel(None);
         let process = cluster.process;
-        let (errors, runs) = (job.errors.clone(), Arc::downgrade(&self.runs));
+        let (errors, fed) = (job.errors.clone(), feed.clone());
         std::thread::Builder::new()
             .name("hydrant-cluster".into())
             .spawn(move || {
@@ -112,9 +113,7 @@ impl ServedPipeline {
                     };
                     // Every epoch's trainers are told why (a lost peer: UNAVAILABLE), rather
                     // than wait on queues the failed dataflow no longer feeds.
-                    for run in runs.upgrade().iter().flat_map(|r| lock(r).clone()) {
-                        run.fail(Some(&origin), &why);
-                    }
+                    fed.fail(&origin, &why);
                     let _ = tell.send(Some(why));
                 }
             })
@@ -187,6 +186,9 @@ pub(super) struct Feed {
     /// The epoch and step the dataflow starts at; it ends before epoch `end`.
     pub start: (u64, u64),
     pub end: u64,
+    /// Every run made here that is still alive, whether or not `runs` still lists it (a
+    /// run whose ranks all saw their queues end is let go from there at once).
+    pub made: Mutex<Vec<Weak<Run>>>,
 }
 
 impl Feed {
@@ -213,7 +215,18 @@ impl Feed {
         );
         let run = run.fed_later(senders);
         runs.push(run.clone());
+        let mut made = lock(&self.made);
+        made.retain(|r| r.strong_count() > 0);
+        made.push(Arc::downgrade(&run));
         Some(run)
+    }
+
+    /// Fails every run made here that is still alive: the dataflow feeding them failed.
+    pub fn fail(&self, origin: &str, why: &str) {
+        let made: Vec<Arc<Run>> = lock(&self.made).iter().filter_map(Weak::upgrade).collect();
+        for run in made {
+            run.fail(Some(origin), why);
+        }
     }
 
     /// The queue the dataflow's owner of `rank` sends `epoch`'s batches to (`None`:

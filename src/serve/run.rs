@@ -57,6 +57,9 @@ pub(super) struct Run {
     feed: Mutex<Vec<Option<Sender<RankBatch>>>>,
     /// Made ahead of its trainers (at start, or by a cluster's dataflow).
     ahead: AtomicBool,
+    /// Fed by a served cluster's dataflow ([`Run::fed_later`]), whose failure is recorded
+    /// ([`Run::fail`]) only after its workers may have dropped the queues.
+    fed_later: AtomicBool,
 }
 
 /// Each input's path on the server and the name clients see instead, longest path first.
@@ -145,6 +148,7 @@ impl Run {
             broken: CancellationToken::new(),
             feed: Mutex::default(),
             ahead: AtomicBool::new(false),
+            fed_later: AtomicBool::new(false),
         });
         (senders, run)
     }
@@ -153,6 +157,7 @@ impl Run {
     /// [`Run::take_sender`].
     pub fn fed_later(self: Arc<Self>, senders: Vec<Option<Sender<RankBatch>>>) -> Arc<Self> {
         *lock(&self.feed) = senders;
+        self.fed_later.store(true, Ordering::SeqCst);
         self.ahead()
     }
 
@@ -192,6 +197,15 @@ impl Run {
             None => self.errors.set_message(why),
         }
         self.broken.cancel();
+    }
+
+    /// Whether a queue that ended short may yet be explained by a failure still to be
+    /// recorded: the run is fed by a cluster's dataflow, has not failed yet, and was not let
+    /// go on purpose.
+    pub fn failure_may_follow(&self) -> bool {
+        self.fed_later.load(Ordering::SeqCst)
+            && self.errors.get().is_none()
+            && !self.stop.is_cancelled()
     }
 
     /// The run's failure as its trainers are told it, by where it came from: input that

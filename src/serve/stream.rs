@@ -20,6 +20,11 @@ use crate::runtime::Signals;
 /// is not a hang.
 pub(super) const ABSENT_AFTER: Duration = Duration::from_secs(3);
 
+/// How long a stream whose cluster-fed queue ended short waits for the failure behind it
+/// to be recorded (see [`Run::failure_may_follow`]); a lost peer is recorded within a
+/// second of the queues' end.
+const FAILURE_SETTLES: Duration = Duration::from_secs(2);
+
 /// The runs a pipeline keeps; a consumer that takes a run's last batch removes it.
 pub(super) type Runs = Mutex<Vec<Arc<Run>>>;
 
@@ -249,10 +254,18 @@ impl Consumer {
                     if self.run.steps.is_some_and(|n| self.next >= n) {
                         return None;
                     }
-                    return self.run.failure_status().map(Err);
+                    break;
                 }
             }
         }
+        // The queue ended short. A cluster's workers may drop the queues a moment before
+        // the failure that ended them is recorded: waited for, so that the trainer is told
+        // it (a lost peer), not only where to resume.
+        if self.run.failure_may_follow() {
+            let broken = self.run.broken.cancelled();
+            let _ = tokio::time::timeout(FAILURE_SETTLES, broken).await;
+        }
+        self.run.failure_status().map(Err)
     }
 
     /// Forgets the run once nothing more can come from it. Pushed input's one run is kept:
