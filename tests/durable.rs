@@ -423,3 +423,55 @@ fn a_state_directory_is_one_servers_and_keeps_its_steps() {
     );
     let (_server, _uri) = start_with(dir.path(), &["--state-dir".as_ref(), spool.as_os_str()]);
 }
+
+/// A spool segment lost while the restarted server admits the spool again (here, the
+/// last one deleted while the replay waits for a trainer): the server delivers every step
+/// the rows before it complete, then ends the trainer's stream with FAILED_PRECONDITION
+/// naming the segment as `--state-dir/…`, not by the server's path. (The run used to be
+/// stopped at once, dropping steps it held.)
+#[test]
+fn a_lost_spool_segment_fails_the_stream_after_what_came_before_it() {
+    const ROWS: usize = 20_000; // ~0.5 MiB spooled per batch, ~3 per 1 MiB segment
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let rt = runtime();
+    {
+        let (_server, uri) = serve_spooled(dir.path(), &spool, 1);
+        rt.block_on(async {
+            // Pushes wait for a trainer's reads (the queues are bounded).
+            let reader = tokio::spawn({
+                let uri = uri.clone();
+                async move { read_steps(&uri, 0, usize::MAX).await }
+            });
+            assert!(push_all(&uri, "p", 0..8, ROWS).await.is_empty());
+            end_ingest(&uri).await;
+            reader.await.unwrap();
+        });
+    }
+    let first_rows = spool_first_rows(&spool);
+    assert!(first_rows.len() >= 3, "{first_rows:?}");
+    let lost = *first_rows.last().unwrap();
+
+    // The replay admits the first batch and waits there for a trainer.
+    let (_server, uri) = serve_spooled(dir.path(), &spool, 1);
+    std::fs::remove_file(spool.join(format!("pushed-{lost:020}.spool"))).unwrap();
+    rt.block_on(async {
+        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        let mut stream = client.steps(&ticket(0)).await.unwrap();
+        let mut rows = 0;
+        let ended = loop {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(60), stream.next_step());
+            match next.await.expect("the stream ends, not waits") {
+                Some(Ok(step)) => rows += step.batch.num_rows() as u64,
+                other => break format!("{other:?}"),
+            }
+        };
+        // Every step of the rows before the lost segment: shuffled in windows of 1,000
+        // rows, the steps of its last whole window.
+        assert_eq!(rows, lost - lost % 1_000, "{ended}");
+        assert!(ended.contains("FailedPrecondition"), "{ended}");
+        let named = format!("--state-dir/pushed-{lost:020}.spool");
+        assert!(ended.contains(&named), "{ended}");
+        assert!(!ended.contains(&*dir.path().to_string_lossy()), "{ended}");
+    });
+}

@@ -426,10 +426,12 @@ fn a_stream_that_cannot_be_replayed_ends_its_trainers_with_the_reason() {
         other.resize(len, 0);
         std::fs::write(&p0, other).unwrap();
     };
-    for (damage, needle) in [
-        (deleted, "p0.parquet cannot be read"),
-        (cut, "p1.parquet is "),
-        (rewritten, "p0.parquet holds other bytes"),
+    // What each damage leaves to deliver before the reason: p0's 3,000 rows when p1 is
+    // the file that cannot be admitted again.
+    for (damage, needle, steps_first) in [
+        (deleted, "p0.parquet cannot be read", 0),
+        (cut, "p1.parquet is ", 3),
+        (rewritten, "p0.parquet holds other bytes", 0),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let (source, state) = folder_with_state(dir.path(), &[3_000, 3_000], 53);
@@ -461,20 +463,27 @@ fn a_stream_that_cannot_be_replayed_ends_its_trainers_with_the_reason() {
                         let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
                         let mut steps = client.steps(&ticket(rank, 0)).await.unwrap();
                         let ended = tokio::time::timeout(STALL, async {
+                            let mut read = 0;
                             loop {
                                 match steps.next_step().await {
-                                    Some(Ok(_)) => continue,
-                                    other => return other.map(|r| r.map(|_| ())),
+                                    Some(Ok(_)) => read += 1,
+                                    other => return (read, other.map(|r| r.map(|_| ()))),
                                 }
                             }
                         });
-                        let ended = ended.await.expect("the stream ends, not waits for rows");
-                        format!("{ended:?}")
+                        let (read, ended) =
+                            ended.await.expect("the stream ends, not waits for rows");
+                        (read, format!("{ended:?}"))
                     })
                 })
                 .collect();
             for (rank, ended) in ends.into_iter().enumerate() {
-                let ended = ended.await.unwrap();
+                let (read, ended) = ended.await.unwrap();
+                // Every step the admitted rows complete, then the reason (the dataflow was
+                // stopped at once, losing steps it held).
+                assert_eq!(read, steps_first, "rank {rank}: {ended}");
+                let server_path = state_dir.to_string_lossy();
+                assert!(!ended.contains(&*server_path), "rank {rank}: {ended}");
                 assert!(
                     ended.contains(needle) && ended.contains("cannot be admitted again"),
                     "rank {rank}: {ended}"

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use hydrant_flight::{RankStream, ServeError, Served};
-use hydrant_operators::{ErrorSlot, FeaturePlan, FittedState, Transformer};
+use hydrant_operators::{FeaturePlan, FittedState, Transformer};
 
 use crate::delivery::{Delivery, delivery_schema};
 use crate::runtime::{Channels, Delivering, PushedRows};
@@ -147,7 +147,7 @@ impl ServedPipeline {
         let mut st = ingest.lock();
         // `PushedRows` places rows by the placement's stream form.
         st.rows_out = Some(PushedRows::new(placement, first, steps_cut, to));
-        st.errors = run.errors.clone();
+        st.input_failed = run.input_failed.clone();
         drop(st);
         *lock(&self.runs) = vec![run];
     }
@@ -166,8 +166,8 @@ impl ServedPipeline {
             }
             let deliver_from = opened.commit.as_ref().map_or(0, |c| c.row);
             ingest.keep_versions(dir, deliver_from, opened.replay.first_row())?;
-            ingest.replay(opened.spool, opened.replay, self.runs.clone());
             ingest.hold(claim);
+            ingest.replay(opened.spool, opened.replay, self.runs.clone());
         }
         Ok(self)
     }
@@ -393,7 +393,7 @@ impl ServedPipeline {
                     replaying: false,
                     skip_below: 0,
                     replay_failed: None,
-                    errors: ErrorSlot::default(),
+                    input_failed: Arc::default(),
                     end_record: None,
                     refresh,
                 },

@@ -67,8 +67,12 @@ pub(super) struct Ingest {
     pub skip_below: u64,
     /// Why the spool could not be admitted again: nothing more is taken on top of it.
     pub replay_failed: Option<String>,
-    /// The run's error slot: a failed input is told to the streams there.
-    pub errors: hydrant_operators::ErrorSlot,
+    /// Where the run's streams learn that the input failed ([`Run::input_failed`]). Not the
+    /// run's error slot: the dataflow would stop at once, and the complete steps it holds
+    /// would be lost with it.
+    ///
+    /// [`Run::input_failed`]: super::run::Run::input_failed
+    pub input_failed: Arc<std::sync::OnceLock<String>>,
     /// Makes the end durable where there is no spool (a followed folder's manifest):
     /// called with the rows admitted before the input ends.
     pub end_record: Option<EndRecord>,
@@ -213,8 +217,18 @@ impl Pushed {
     /// Takes no more input, saying why (the input could not be made durable, or admitted
     /// again after a restart).
     pub fn fail(&self, why: String) {
+        let why = self.told(&why);
         let mut st = self.lock();
         fail_locked(&mut st, &self.counts, why);
+    }
+
+    /// `why` as clients are told it: the state directory named as `--state-dir`, not by
+    /// the server's path.
+    fn told(&self, why: &str) -> String {
+        match lock(&self.claim).as_ref() {
+            Some(claim) => why.replace(&*claim.dir().to_string_lossy(), "--state-dir"),
+            None => why.to_string(),
+        }
     }
 
     /// Makes commits durable in a state directory that holds no spool (a followed folder).
@@ -408,7 +422,7 @@ impl Pushed {
                     // since may refuse them. Serve what came before, take nothing more
                     // (it would go after rows never delivered), and say why.
                     hydrant_operators::log_line!("hydrant: replaying the spool stopped: {e}");
-                    fail_locked(&mut st, &this.counts, e.to_string());
+                    fail_locked(&mut st, &this.counts, this.told(&e.to_string()));
                     break;
                 }
                 this.counts.replayed.fetch_add(1, Ordering::Relaxed);
@@ -544,7 +558,7 @@ impl Pushed {
 /// sent what was admitted, rather than wait for rows that will never come.
 fn fail_locked(st: &mut Ingest, counts: &PushCounts, why: String) {
     *lock(&counts.replay_failed) = Some(why.clone());
-    st.errors.set(crate::error::origin::INPUT, &why);
+    let _ = st.input_failed.set(why.clone());
     st.replay_failed = Some(why);
     st.rows_out = None;
 }

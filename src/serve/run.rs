@@ -41,6 +41,9 @@ pub(super) struct Run {
     /// Each served rank's queue; `None` for ranks the run does not serve.
     queues: Vec<Option<Queue>>,
     pub errors: ErrorSlot,
+    /// Why pushed or followed input failed, once it has: told to the streams once their
+    /// queues end, after the dataflow has delivered every step it could complete.
+    pub input_failed: Arc<std::sync::OnceLock<String>>,
     /// Cancelled once the dataflow (or pushed input) has ended.
     pub ended: CancellationToken,
     /// Bytes of sent batches each rank keeps.
@@ -141,6 +144,7 @@ impl Run {
             slots,
             queues,
             errors: ErrorSlot::default(),
+            input_failed: Arc::default(),
             ended: CancellationToken::new(),
             replay_bytes,
             redact,
@@ -214,7 +218,13 @@ impl Run {
     /// anything else INTERNAL.
     pub fn failure_status(&self) -> Option<ServeError> {
         use crate::error::origin;
-        let text = format!("pipeline failed: {}", self.failure()?);
+        let Some(failure) = self.failure() else {
+            let why = self.input_failed.get()?;
+            return Some(ServeError::FailedPrecondition(format!(
+                "pipeline failed: input: {why}"
+            )));
+        };
+        let text = format!("pipeline failed: {failure}");
         Some(match self.errors.origin().as_deref() {
             Some(origin::INPUT | origin::SOURCE) => ServeError::FailedPrecondition(text),
             Some(origin::CLUSTER) => ServeError::Unavailable(text),

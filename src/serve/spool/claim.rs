@@ -84,6 +84,14 @@ pub const LOCK_FILE: &str = ".lock";
 #[derive(Debug)]
 pub struct Claim {
     _lock: File,
+    dir: std::path::PathBuf,
+}
+
+impl Claim {
+    /// The state directory held.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
 }
 
 /// Takes `dir` (creating it) for this server: refused while another server holds it,
@@ -126,7 +134,10 @@ pub fn claim(dir: &Path, placement: &Placement) -> Result<Claim> {
         .and_then(|()| lock.write_all(pid.as_bytes()))
         .map_err(|e| state_error(&path, &e))?;
     check_geometry(dir, placement)?;
-    Ok(Claim { _lock: lock })
+    Ok(Claim {
+        _lock: lock,
+        dir: dir.to_path_buf(),
+    })
 }
 
 /// Refuses a `dir` that holds files but none a server writes: a mistyped `--state-dir`
