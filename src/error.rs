@@ -15,7 +15,7 @@ pub enum Error {
         reason: String,
     },
     /// An input file cannot be read as what it claims to be.
-    #[error("input {path}: {reason}")]
+    #[error("input {}: {reason}", one_line_path(path))]
     Input {
         /// The file.
         path: PathBuf,
@@ -23,7 +23,7 @@ pub enum Error {
         reason: String,
     },
     /// A fitted state file is unreadable or does not match the pipeline.
-    #[error("state {path}: {reason}")]
+    #[error("state {}: {reason}", one_line_path(path))]
     State {
         /// The file.
         path: PathBuf,
@@ -110,10 +110,31 @@ pub(crate) fn one_line(text: impl std::fmt::Display) -> String {
         .join(" ")
 }
 
+/// `path` as one line of text: control characters (a newline in a folder's name) escaped
+/// as Rust writes them, everything else as it is.
+pub(crate) fn one_line_path(path: &std::path::Path) -> String {
+    let text = path.display().to_string();
+    match text.chars().any(char::is_control) {
+        true => text.chars().flat_map(char::escape_default).collect(),
+        false => text,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn error_stays_small() {
         assert!(std::mem::size_of::<super::Error>() <= 64);
+    }
+
+    #[test]
+    fn a_path_is_named_on_one_line() {
+        let e = super::Error::State {
+            path: "/tmp/a\nb/c".into(),
+            reason: "gone".into(),
+        };
+        assert_eq!(e.to_string(), "state /tmp/a\\nb/c: gone");
+        let plain = super::one_line_path(std::path::Path::new("/tmp/ä b"));
+        assert_eq!(plain, "/tmp/ä b");
     }
 }

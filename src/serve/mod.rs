@@ -159,7 +159,11 @@ impl ServedPipeline {
     /// replayable already: for them this does nothing.
     pub fn with_state_dir(self, dir: &std::path::Path, segment_bytes: u64) -> crate::Result<Self> {
         if let Some(ingest) = &self.ingest {
-            let claim = spool::claim(dir, self.delivery.plan.placement())?;
+            let stream = spool::Stream {
+                pipeline: &self.name,
+                source: spool::Source::Pushed,
+            };
+            let claim = spool::claim(dir, self.delivery.plan.placement(), stream)?;
             let opened = Spool::open(dir, segment_bytes)?;
             if let Some(commit) = &opened.commit {
                 self.resume(ingest, commit, dir)?;
@@ -208,7 +212,11 @@ impl ServedPipeline {
         let (mut manifest, mut recorded, mut ended) = (None, Vec::new(), None);
         let (mut replay_from, mut deliver_from) = (0, 0);
         if let Some(sd) = state_dir {
-            ingest.hold(spool::claim(sd, self.delivery.plan.placement())?);
+            let stream = spool::Stream {
+                pipeline: &self.name,
+                source: spool::Source::Followed,
+            };
+            ingest.hold(spool::claim(sd, self.delivery.plan.placement(), stream)?);
             let (m, rec) = follow::Manifest::open(sd)?;
             ended = rec.ended;
             recorded = rec.into_replay();

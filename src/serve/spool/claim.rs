@@ -20,7 +20,26 @@ use crate::error::Result;
 /// The file in a state directory that records its stream's geometry.
 pub const GEOMETRY_FILE: &str = "stream.json";
 
-/// What decides which stream rows each step holds.
+/// What feeds a state directory's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Batches pushed over Flight (DoPut), spooled there.
+    Pushed,
+    /// Files admitted from a followed folder, recorded in its manifest.
+    Followed,
+}
+
+/// The stream a state directory holds: its pipeline and source.
+#[derive(Debug, Clone, Copy)]
+pub struct Stream<'a> {
+    /// The pipeline's name.
+    pub pipeline: &'a str,
+    /// What feeds it.
+    pub source: Source,
+}
+
+/// What decides which stream rows each step holds, and whose stream it is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Geometry {
     order_version: u32,
@@ -29,10 +48,17 @@ struct Geometry {
     /// The shuffle window and seed; `None` in input order.
     shuffle_window: Option<u64>,
     seed: Option<u64>,
+    /// The pipeline and its source (a followed folder's state taken for pushed input's
+    /// would serve one stream's commit over the other's rows); `None` in a file written
+    /// before they were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pipeline: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<Source>,
 }
 
 impl Geometry {
-    fn of(placement: &Placement) -> Self {
+    fn of(placement: &Placement, stream: Stream<'_>) -> Self {
         Geometry {
             order_version: ORDER_VERSION,
             world_size: placement.world_size(),
@@ -40,10 +66,13 @@ impl Geometry {
             shuffle_window: placement.shuffled().then(|| placement.window()),
             // In input order the seed places nothing.
             seed: placement.shuffled().then(|| placement.seed()),
+            pipeline: Some(stream.pipeline.to_string()),
+            source: Some(stream.source),
         }
     }
 
-    /// `--` options that differ from `other`'s, as `name was A, is B`.
+    /// What differs from `now`, as `name was A, is B`: the options that cut the stream,
+    /// and the pipeline and source where both files record them.
     fn differences(&self, now: &Geometry) -> Vec<String> {
         let or_none = |w: Option<u64>| w.map_or("none".to_string(), |w| w.to_string());
         [
@@ -68,11 +97,37 @@ impl Geometry {
                 or_none(now.shuffle_window),
             ),
             ("--seed", or_none(self.seed), or_none(now.seed)),
+            (
+                "the pipeline",
+                recorded(&self.pipeline, &now.pipeline),
+                or_blank(&now.pipeline),
+            ),
+            (
+                "the input",
+                recorded(&self.source.map(source_name), &now.source.map(source_name)),
+                or_blank(&now.source.map(source_name)),
+            ),
         ]
         .into_iter()
         .filter(|(_, was, is)| was != is)
         .map(|(name, was, is)| format!("{name} was {was}, is {is}"))
         .collect()
+    }
+}
+
+/// `was`, or `now` where `was` is not recorded (nothing to tell apart).
+fn recorded<T: ToString>(was: &Option<T>, now: &Option<T>) -> String {
+    or_blank(if was.is_some() { was } else { now })
+}
+
+fn or_blank<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map_or(String::new(), T::to_string)
+}
+
+fn source_name(source: Source) -> &'static str {
+    match source {
+        Source::Pushed => "pushed",
+        Source::Followed => "a followed folder",
     }
 }
 
@@ -98,7 +153,7 @@ impl Claim {
 /// if it was written with another stream geometry than `placement`'s, and if it holds
 /// something else than a server's state (see [`check_is_state`]), before anything is
 /// written there.
-pub fn claim(dir: &Path, placement: &Placement) -> Result<Claim> {
+pub fn claim(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Result<Claim> {
     check_is_state(dir)?;
     std::fs::create_dir_all(dir).map_err(|e| state_error(dir, &e))?;
     let path = dir.join(LOCK_FILE);
@@ -133,7 +188,7 @@ pub fn claim(dir: &Path, placement: &Placement) -> Result<Claim> {
         .and_then(|()| lock.rewind())
         .and_then(|()| lock.write_all(pid.as_bytes()))
         .map_err(|e| state_error(&path, &e))?;
-    check_geometry(dir, placement)?;
+    check_geometry(dir, placement, stream)?;
     Ok(Claim {
         _lock: lock,
         dir: dir.to_path_buf(),
@@ -187,16 +242,16 @@ fn is_state_file(name: &str) -> bool {
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
     };
     [GEOMETRY_FILE, COMMIT_FILE, MANIFEST_FILE, VERSIONS_FILE].contains(&name)
-        || numbered("pushed-", ".spool")
+        || (numbered("pushed-", ".spool") && name.len() == "pushed-.spool".len() + 20)
         || numbered("state-", ".json")
         || numbered("stats-", ".json")
 }
 
 /// Checks that `dir` was written with `placement`'s stream geometry, or records it there
 /// if the directory has none yet (a new one, or one an older server wrote).
-fn check_geometry(dir: &Path, placement: &Placement) -> Result<()> {
+fn check_geometry(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Result<()> {
     let path = dir.join(GEOMETRY_FILE);
-    let now = Geometry::of(placement);
+    let now = Geometry::of(placement, stream);
     match std::fs::read(&path) {
         Ok(bytes) => {
             let was: Geometry =
@@ -208,8 +263,8 @@ fn check_geometry(dir: &Path, placement: &Placement) -> Result<()> {
             Err(state_error(
                 &path,
                 &format!(
-                    "its stream was cut into steps another way ({}): serve with what it was \
-                     written with, or start with an empty --state-dir",
+                    "it was written for another stream ({}): serve with what it was written \
+                     with, or start with an empty --state-dir",
                     differ.join(", ")
                 ),
             ))
@@ -227,16 +282,23 @@ mod tests {
     use super::*;
     use crate::delivery::LastBatch;
 
+    const PUSHED: Stream<'static> = Stream {
+        pipeline: "p",
+        source: Source::Pushed,
+    };
+
     #[test]
     fn a_directory_is_held_by_one_server_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
         let placement = Placement::new(2, 100, LastBatch::Pad, 0, None).unwrap();
-        let held = claim(dir.path(), &placement).unwrap();
-        let err = claim(dir.path(), &placement).unwrap_err().to_string();
+        let held = claim(dir.path(), &placement, PUSHED).unwrap();
+        let err = claim(dir.path(), &placement, PUSHED)
+            .unwrap_err()
+            .to_string();
         let me = format!("in use by another server (process {})", std::process::id());
         assert!(err.contains(&me), "{err}");
         drop(held);
-        claim(dir.path(), &placement).unwrap();
+        claim(dir.path(), &placement, PUSHED).unwrap();
     }
 
     /// A folder of someone else's files is refused before anything is written there; a
@@ -247,7 +309,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("train.parquet"), b"data").unwrap();
         std::fs::write(dir.path().join(".hidden"), b"").unwrap();
-        let err = claim(dir.path(), &placement).unwrap_err().to_string();
+        let err = claim(dir.path(), &placement, PUSHED)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("no server state") && err.contains("train.parquet"),
             "{err}"
@@ -267,16 +331,21 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("notes.txt"), b"").unwrap();
             std::fs::write(dir.path().join(ours), b"").unwrap();
-            claim(dir.path(), &placement).unwrap();
+            claim(dir.path(), &placement, PUSHED).unwrap();
         }
-        for lookalike in ["pushed-x.spool", "state-.json", "commit.json.bak"] {
+        for lookalike in [
+            "pushed-x.spool",
+            "pushed-1.spool",
+            "state-.json",
+            "commit.json.bak",
+        ] {
             assert!(!is_state_file(lookalike), "{lookalike}");
         }
         let fresh = tempfile::tempdir().unwrap();
-        claim(&fresh.path().join("new"), &placement).unwrap();
+        claim(&fresh.path().join("new"), &placement, PUSHED).unwrap();
         let mount = tempfile::tempdir().unwrap();
         std::fs::create_dir(mount.path().join("lost+found")).unwrap();
-        claim(mount.path(), &placement).unwrap();
+        claim(mount.path(), &placement, PUSHED).unwrap();
     }
 
     #[test]
@@ -287,8 +356,8 @@ mod tests {
                 .unwrap()
                 .stream()
         };
-        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7)).unwrap();
-        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7)).unwrap();
+        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7), PUSHED).unwrap();
+        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7), PUSHED).unwrap();
         for (other, named) in [
             (stream(2, 50, Some(1000), 7), "--batch-size was 100, is 50"),
             (stream(4, 100, Some(1000), 7), "--ranks was 2, is 4"),
@@ -298,16 +367,45 @@ mod tests {
             ),
             (stream(2, 100, Some(1000), 8), "--seed was 7, is 8"),
         ] {
-            let err = check_geometry(dir.path(), &other).unwrap_err().to_string();
+            let err = check_geometry(dir.path(), &other, PUSHED)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(named) && err.contains(GEOMETRY_FILE), "{err}");
         }
         // In input order the seed places nothing: another one is no other geometry.
         let dir = tempfile::tempdir().unwrap();
-        check_geometry(dir.path(), &stream(2, 100, None, 7)).unwrap();
-        check_geometry(dir.path(), &stream(2, 100, None, 8)).unwrap();
-        let err = check_geometry(dir.path(), &stream(2, 100, Some(1000), 8))
+        check_geometry(dir.path(), &stream(2, 100, None, 7), PUSHED).unwrap();
+        check_geometry(dir.path(), &stream(2, 100, None, 8), PUSHED).unwrap();
+        let err = check_geometry(dir.path(), &stream(2, 100, Some(1000), 8), PUSHED)
             .unwrap_err()
             .to_string();
         assert!(err.contains("--shuffle-window was none, is 1000"), "{err}");
+
+        // Another pipeline's, or a followed folder's state taken for pushed input's.
+        let placement = stream(2, 100, None, 7);
+        let followed = Stream {
+            source: Source::Followed,
+            ..PUSHED
+        };
+        let other = Stream {
+            pipeline: "q",
+            ..PUSHED
+        };
+        for (stream, named) in [
+            (followed, "the input was pushed, is a followed folder"),
+            (other, "the pipeline was p, is q"),
+        ] {
+            let err = check_geometry(dir.path(), &placement, stream)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{err}");
+        }
+        // A file written before the stream was recorded fits any.
+        let old = format!(
+            r#"{{"order_version":{ORDER_VERSION},"world_size":2,"batch_size":100,"shuffle_window":null,"seed":null}}"#
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(GEOMETRY_FILE), old).unwrap();
+        check_geometry(dir.path(), &placement, followed).unwrap();
     }
 }

@@ -31,7 +31,7 @@ use record::{After, encode, whole_records};
 pub use record::{Record, Replay};
 
 mod claim;
-pub use claim::{Claim, claim};
+pub use claim::{Claim, Source, Stream, claim};
 
 /// Bytes a segment grows to before the next is begun (`--spool-segment-mib`).
 pub const SEGMENT_BYTES: u64 = 64 << 20;
@@ -192,6 +192,14 @@ impl Spool {
                         ),
                     ));
                 }
+                // Said, not done silently: a file that was never a spool (the wrong folder)
+                // would otherwise be emptied unseen.
+                hydrant_operators::log_line!(
+                    "hydrant: {}: cut off a torn last record ({} of {len} bytes, from byte \
+                     {whole}), as a crash mid-write leaves it",
+                    crate::error::one_line_path(path),
+                    len - whole
+                );
                 file.set_len(whole).map_err(|e| state_error(path, &e))?;
                 file.sync_all().map_err(|e| state_error(path, &e))?;
             }
