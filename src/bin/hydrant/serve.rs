@@ -279,7 +279,16 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     };
     let served = match (&args.follow, &args.state_dir) {
         (Some(folder), state_dir) => served.follow(folder, state_dir.as_deref())?,
-        (None, Some(dir)) => served.with_state_dir(dir, args.spool_segment_mib << 20)?,
+        (None, Some(dir)) => {
+            if !pushed {
+                hydrant::operators::log_line!(
+                    "hydrant: warning: --state-dir is for pushed or followed input; pipeline \
+                     `{}` reads files, which are replayed from themselves: it is not used",
+                    spec.name
+                );
+            }
+            served.with_state_dir(dir, args.spool_segment_mib << 20)?
+        }
         (None, None) => {
             if spec.input == hydrant::InputKind::Flight {
                 hydrant::operators::log_line!(
