@@ -51,6 +51,14 @@ fn cluster_process(
     cluster_process_with(io, hosts, p, input, &[])
 }
 
+/// A hostfile in `dir` of two free ports on loopback.
+fn two_hosts(dir: &Path) -> PathBuf {
+    let hosts = dir.join("hosts");
+    let line = |port: u16| format!("127.0.0.1:{port}\n");
+    std::fs::write(&hosts, line(free_port()) + &line(free_port())).unwrap();
+    hosts
+}
+
 /// [`cluster_process`] with `extra` arguments at the end.
 fn cluster_process_with(
     io: &(PathBuf, PathBuf),
@@ -387,13 +395,7 @@ fn a_process_that_fails_before_joining_stops_the_others_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let io = inputs(dir.path());
     let missing = dir.path().join("missing.parquet");
-    let hosts = dir.path().join("hosts");
-    let ports = [free_port(), free_port()];
-    std::fs::write(
-        &hosts,
-        format!("127.0.0.1:{}\n127.0.0.1:{}\n", ports[0], ports[1]),
-    )
-    .unwrap();
+    let hosts = two_hosts(dir.path());
     let start = |p: usize| cluster_process(&io, &hosts, p, (p == 1).then_some(&*missing));
     for process_1_first in [false, true] {
         let started = Instant::now();
@@ -443,13 +445,7 @@ fn a_process_that_fails_before_joining_stops_the_others_at_once() {
 fn a_process_with_a_bad_command_line_stops_the_others_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let io = inputs(dir.path());
-    let hosts = dir.path().join("hosts");
-    let ports = [free_port(), free_port()];
-    std::fs::write(
-        &hosts,
-        format!("127.0.0.1:{}\n127.0.0.1:{}\n", ports[0], ports[1]),
-    )
-    .unwrap();
+    let hosts = two_hosts(dir.path());
     let started = Instant::now();
     let zero = cluster_process(&io, &hosts, 0, None);
     std::thread::sleep(Duration::from_millis(300));
