@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use hydrant_operators::quoted;
 
-use crate::service::BatchMeta;
+use crate::served::BatchMeta;
 use crate::ticket::Ticket;
 
 /// The largest message the client accepts (the server cuts a step into messages of under

@@ -19,7 +19,8 @@ use bytes::Bytes;
 use futures::stream::{Stream, StreamExt};
 use tonic::Status;
 
-use crate::service::{BatchMeta, MESSAGE_TARGET_BYTES, RankStream};
+use crate::served::{BatchMeta, RankStream};
+use crate::service::MESSAGE_TARGET_BYTES;
 
 /// One Flight message: an IPC header, the batch's metadata, and its body as the Arrow
 /// buffers it shares with the batch (padding included).

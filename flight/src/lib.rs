@@ -29,6 +29,7 @@ mod client;
 mod doget;
 mod encode;
 mod idle;
+mod served;
 mod service;
 mod ticket;
 
@@ -39,7 +40,6 @@ pub use check::{
 };
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use encode::batch_bytes;
-pub use service::{
-    Accepted, BatchMeta, FlightServer, Origin, RankStream, ServeError, Served, check_tls,
-};
+pub use served::{Accepted, BatchMeta, Origin, RankStream, ServeError, Served};
+pub use service::{FlightServer, check_tls};
 pub use ticket::{Ticket, TicketError};

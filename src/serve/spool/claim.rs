@@ -97,31 +97,32 @@ impl Geometry {
                 or_none(now.shuffle_window),
             ),
             ("--seed", or_none(self.seed), or_none(now.seed)),
-            (
-                "the pipeline",
-                recorded(&self.pipeline, &now.pipeline),
-                or_blank(&now.pipeline),
-            ),
-            (
-                "the input",
-                recorded(&self.source.map(source_name), &now.source.map(source_name)),
-                or_blank(&now.source.map(source_name)),
-            ),
         ]
         .into_iter()
+        .chain(recorded_in_both(
+            "the pipeline",
+            self.pipeline.clone(),
+            now.pipeline.clone(),
+        ))
+        .chain(recorded_in_both(
+            "the input",
+            self.source.map(source_name),
+            now.source.map(source_name),
+        ))
         .filter(|(_, was, is)| was != is)
         .map(|(name, was, is)| format!("{name} was {was}, is {is}"))
         .collect()
     }
 }
 
-/// `was`, or `now` where `was` is not recorded (nothing to tell apart).
-fn recorded<T: ToString>(was: &Option<T>, now: &Option<T>) -> String {
-    or_blank(if was.is_some() { was } else { now })
-}
-
-fn or_blank<T: ToString>(v: &Option<T>) -> String {
-    v.as_ref().map_or(String::new(), T::to_string)
+/// `(name, was, is)` where both files record the value: a file written before it was
+/// recorded fits any.
+fn recorded_in_both<T: ToString>(
+    name: &'static str,
+    was: Option<T>,
+    is: Option<T>,
+) -> Option<(&'static str, String, String)> {
+    Some((name, was?.to_string(), is?.to_string()))
 }
 
 fn source_name(source: Source) -> &'static str {
