@@ -152,10 +152,13 @@ impl Claim {
 
 /// Takes `dir` (creating it) for this server: refused while another server holds it,
 /// if it was written with another stream geometry than `placement`'s, and if it holds
-/// something else than a server's state (see [`check_is_state`]), before anything is
-/// written there.
+/// something else than a server's state (see [`check_is_state`]) or a commit that cannot
+/// be read, before anything is written there.
 pub fn claim(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Result<Claim> {
     check_is_state(dir)?;
+    // A damaged commit is refused again once the directory is held; read here too, it
+    // leaves no lock or geometry file behind in a directory that cannot be served.
+    super::read_commit(dir)?;
     std::fs::create_dir_all(dir).map_err(|e| state_error(dir, &e))?;
     let path = dir.join(LOCK_FILE);
     let mut lock = OpenOptions::new()
@@ -324,16 +327,29 @@ mod tests {
         names.sort();
         assert_eq!(names, [".hidden", "train.parquet"], "something was written");
 
-        for ours in [
-            "pushed-00000000000000004096.spool",
-            "commit.json",
-            "state-3.json",
+        let commit = br#"{"step":0,"row":0,"admitted":{}}"#;
+        for (ours, bytes) in [
+            ("pushed-00000000000000004096.spool", &b""[..]),
+            ("commit.json", commit),
+            ("state-3.json", b""),
         ] {
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("notes.txt"), b"").unwrap();
-            std::fs::write(dir.path().join(ours), b"").unwrap();
+            std::fs::write(dir.path().join(ours), bytes).unwrap();
             claim(dir.path(), &placement, PUSHED).unwrap();
         }
+        // A damaged commit is refused with nothing written beside it.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("commit.json"), b"{\"step\": -1").unwrap();
+        let err = claim(dir.path(), &placement, PUSHED)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("commit.json"), "{err}");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["commit.json"], "something was written");
         for lookalike in [
             "pushed-x.spool",
             "pushed-1.spool",
