@@ -274,8 +274,9 @@ impl Auth {
         }
     }
 
-    /// Whether a call's `authorization` header carries a live token whose user has `role`.
-    pub fn check(&self, authorization: Option<&str>, role: Role) -> Result<(), Denied> {
+    /// Whether a call's `authorization` header carries a live token whose user has `role`
+    /// (any live token, for `None`: calls every user may make).
+    pub fn check(&self, authorization: Option<&str>, role: Option<Role>) -> Result<(), Denied> {
         let token = authorization
             .and_then(|a| a.strip_prefix("Bearer "))
             .map(str::trim)
@@ -294,7 +295,7 @@ impl Auth {
             ));
         }
         let user = &self.users[issued.user];
-        if user.roles & role.bit() == 0 {
+        if let Some(role) = role.filter(|r| user.roles & r.bit() == 0) {
             return Err(Denied::PermissionDenied(format!(
                 "user `{}` lacks the `{}` role",
                 user.name,
@@ -336,10 +337,14 @@ mod tests {
         let bearer = auth.handshake(Some(&basic("alice:s3cret")), None).unwrap();
         let again = auth.handshake(Some(&basic("alice:s3cret")), None).unwrap();
         assert_ne!(bearer, again, "each login gets its own token");
-        assert!(auth.check(Some(&bearer), Role::Train).is_ok());
-        assert!(auth.check(Some(&again), Role::Admin).is_ok());
-        let unauth =
-            |h: Option<&str>| matches!(auth.check(h, Role::Train), Err(Denied::Unauthenticated(_)));
+        assert!(auth.check(Some(&bearer), Some(Role::Train)).is_ok());
+        assert!(auth.check(Some(&again), Some(Role::Admin)).is_ok());
+        let unauth = |h: Option<&str>| {
+            matches!(
+                auth.check(h, Some(Role::Train)),
+                Err(Denied::Unauthenticated(_))
+            )
+        };
         assert!(unauth(Some("Bearer nope")) && unauth(None) && unauth(Some("Basic x")));
         for wrong in [basic("alice:guess"), "Basic !!!".into()] {
             assert!(auth.handshake(Some(&wrong), None).is_err());
@@ -352,14 +357,17 @@ mod tests {
         let auth = Auth::with_roles(vec![("t".into(), "p".into(), Role::Train.bit())])
             .with_ttl(Duration::from_millis(50));
         let bearer = auth.handshake(Some(&basic("t:p")), None).unwrap();
-        assert!(auth.check(Some(&bearer), Role::Train).is_ok());
-        let e = auth.check(Some(&bearer), Role::Ingest).unwrap_err();
+        assert!(auth.check(Some(&bearer), Some(Role::Train)).is_ok());
+        let e = auth.check(Some(&bearer), Some(Role::Ingest)).unwrap_err();
         assert_eq!(
             e,
             Denied::PermissionDenied("user `t` lacks the `ingest` role".into())
         );
+        // A call any user may make needs a live token only.
+        assert!(auth.check(Some(&bearer), None).is_ok());
+        assert!(auth.check(Some("Bearer nope"), None).is_err());
         std::thread::sleep(Duration::from_millis(60));
-        let e = auth.check(Some(&bearer), Role::Train).unwrap_err();
+        let e = auth.check(Some(&bearer), Some(Role::Train)).unwrap_err();
         assert!(e.to_string().contains("expired"), "{e}");
     }
 
@@ -370,7 +378,7 @@ mod tests {
         let auth = Auth::new(vec![("alice".into(), "s3cret".into())])
             .with_ttl(Duration::from_secs(u64::MAX));
         let bearer = auth.handshake(Some(&basic("alice:s3cret")), None).unwrap();
-        assert!(auth.check(Some(&bearer), Role::Train).is_ok());
+        assert!(auth.check(Some(&bearer), Some(Role::Train)).is_ok());
         assert_eq!(auth.ttl, MAX_TTL);
     }
 
@@ -398,8 +406,8 @@ mod tests {
         std::fs::write(&f, "# users\nalice:s3cret\nbob:pw train,ingest\n").unwrap();
         let auth = Auth::from_file(&f).unwrap();
         let bob = auth.handshake(Some(&basic("bob:pw")), None).unwrap();
-        assert!(auth.check(Some(&bob), Role::Ingest).is_ok());
-        assert!(auth.check(Some(&bob), Role::Admin).is_err());
+        assert!(auth.check(Some(&bob), Some(Role::Ingest)).is_ok());
+        assert!(auth.check(Some(&bob), Some(Role::Admin)).is_err());
         for (text, needle) in [
             ("alice\n", "line 1"),
             ("a:b train,root\n", "unknown role `root`"),

@@ -99,7 +99,7 @@ async fn do_get(
         .headers
         .get("authorization")
         .and_then(|v| v.to_str().ok());
-    server.check_token(token, crate::auth::Role::Train)?;
+    server.check_token(token, Some(crate::auth::Role::Train))?;
     let ticket = read_ticket(body).await?;
     let encoder = server.open_rank(&ticket)?;
     let body = Frames {

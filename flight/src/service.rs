@@ -139,11 +139,16 @@ impl FlightServer {
 
     /// Whether the call carries a live token whose user has `role` (always, without auth).
     fn check<T>(&self, request: &Request<T>, role: Role) -> Result<(), Status> {
-        self.check_token(header(request), role)
+        self.check_token(header(request), Some(role))
     }
 
-    /// Whether `token` (the `authorization` header) is live and its user has `role`.
-    pub(crate) fn check_token(&self, token: Option<&str>, role: Role) -> Result<(), Status> {
+    /// Whether `token` (the `authorization` header) is live and its user has `role` (any
+    /// user, for `None`).
+    pub(crate) fn check_token(
+        &self,
+        token: Option<&str>,
+        role: Option<Role>,
+    ) -> Result<(), Status> {
         match &self.auth {
             None => Ok(()),
             Some(auth) => auth.check(token, role).map_err(denied),
@@ -519,9 +524,14 @@ impl FlightService for FlightServer {
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
         // The actions that operate the server need `admin`; trainers commit their
-        // checkpoints (`train`). An unknown one is UNIMPLEMENTED to any authenticated user.
-        let admin = ["status", "end_ingest"].contains(&request.get_ref().r#type.as_str());
-        self.check(&request, if admin { Role::Admin } else { Role::Train })?;
+        // checkpoints and read states (`train`). An unknown one is UNIMPLEMENTED to any
+        // authenticated user.
+        let role = match request.get_ref().r#type.as_str() {
+            "status" | "end_ingest" => Some(Role::Admin),
+            "commit" | "state" => Some(Role::Train),
+            _ => None,
+        };
+        self.check_token(header(&request), role)?;
         match request.get_ref().r#type.as_str() {
             "status" => {
                 let status = serde_json::json!({
@@ -586,7 +596,8 @@ impl FlightService for FlightServer {
         &self,
         request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        self.check(&request, Role::Train)?;
+        // What the server can do is no secret from any of its users.
+        self.check_token(header(&request), None)?;
         let actions = [
             (
                 "status",
