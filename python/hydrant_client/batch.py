@@ -8,6 +8,7 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.flight as flight
 
 
 class HydrantError(Exception):
@@ -173,6 +174,22 @@ def _concat(parts: list) -> pa.RecordBatch:
     return combined[0]
 
 
+def _cut_named(chunks: Iterable, rank: int, resume_at) -> Iterator:
+    """``chunks``, with a transport error (a server gone, a newer reader of the rank, a
+    failed run) raised as ``HydrantError`` naming the step to resume from,
+    ``resume_at()``; pyarrow's error is its ``__cause__`` (its class says the gRPC
+    status)."""
+    chunks = iter(chunks)
+    while True:
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            return
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise HydrantError(f"rank {rank}: {e}; resume with start_step {resume_at()}") from e
+        yield chunk
+
+
 def steps(chunks: Iterable, rank: int, start_step: int) -> Iterator[Batch]:
     """One ``Batch`` per step from a rank's Flight chunks (``(RecordBatch or None,
     metadata bytes or None)`` pairs), reassembling steps sent as several messages.
@@ -182,7 +199,7 @@ def steps(chunks: Iterable, rank: int, start_step: int) -> Iterator[Batch]:
     """
     parts, meta, have = [], None, 0
     expected = start_step
-    for data, raw in chunks:
+    for data, raw in _cut_named(chunks, rank, lambda: expected):
         m = json.loads(bytes(raw)) if raw else {}
         if data is None or (data.num_rows == 0 and m.get("rows") == 0):
             # The end of an epoch whose last step was not known in advance: a batch of no

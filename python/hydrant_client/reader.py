@@ -71,6 +71,8 @@ class _Pump:
                     return
             self.put(_END)
         except (flight.FlightError, pa.ArrowException) as e:
+            # Opening the stream failed (errors while reading it come as HydrantError,
+            # naming the step to resume from).
             if not self.stop.is_set():
                 failed = HydrantError(str(e))
                 # The Flight error says what kind of failure it was (its gRPC status).

@@ -110,7 +110,20 @@ def test_roles_expiry_and_throttled_logins(serve, tmp_path):
     pusher = Client(s.uri, token=("pusher", "pw2"))
     with pytest.raises(HydrantError, match="(?i)unauthorized.*user `pusher` lacks the `train` role"):
         pusher.endpoints("criteo")
-    assert Client(s.uri, token=("ops", "pw3")).status()["pipelines"][0]["name"] == "criteo"
+    ops = Client(s.uri, token=("ops", "pw3"))
+    assert ops.status()["pipelines"][0]["name"] == "criteo"
+    # Any user may list the actions, and an unknown one is UNIMPLEMENTED whatever the
+    # caller's roles; without a token, both are still refused.
+    import pyarrow as pa
+    import pyarrow.flight as fl
+
+    for c in (pusher, ops, trainer):
+        assert "commit" in [a.type for a in c._client.list_actions(c._options)]
+        # UNIMPLEMENTED is pyarrow's ArrowNotImplementedError.
+        with pytest.raises(pa.ArrowNotImplementedError, match="unknown action `reboot`"):
+            list(c._client.do_action(fl.Action("reboot", b""), c._options))
+    with pytest.raises(fl.FlightUnauthenticatedError):
+        list(fl.connect(s.uri).do_action(fl.Action("reboot", b"")))
     # Tokens expire: the call says to log in again.
     time.sleep(2.2)
     with pytest.raises(HydrantError, match="(?i)unauthenticated.*expired"):
@@ -249,10 +262,15 @@ def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
         target=lambda: second.setdefault(0, list(client.batches("criteo", 0, 2, start_step=2)))
     )
     taker.start()
-    with pytest.raises(HydrantError, match="(?i)aborted.*superseded by a newer reader for rank 0"):
+    with pytest.raises(HydrantError, match="(?i)aborted.*superseded by a newer reader for rank 0") as cut:
         for b in first:
             got.append(b)
     assert len(got) < steps
+    # The error names where to resume: the step after the last one the trainer got.
+    assert str(cut.value).endswith(f"resume with start_step {got[-1].step + 1}"), cut.value
+    import pyarrow.flight as fl
+
+    assert isinstance(cut.value.__cause__, fl.FlightError)
     other = threading.Thread(target=lambda: second.setdefault(1, list(client.batches("criteo", 1, 2))))
     other.start()
     taker.join()
