@@ -30,6 +30,15 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// The file system holding a state file is full (or over its quota): the same call
+    /// can work once space is freed.
+    #[error("state {}: {reason}", one_line_path(path))]
+    StateFull {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// A feature transform failed.
     #[error(transparent)]
     Op(#[from] Box<hydrant_operators::OpError>),
@@ -53,7 +62,7 @@ impl Error {
     /// Where this error comes from, as a run's error slot records it (see [`origin`]).
     pub(crate) fn origin(&self) -> &'static str {
         match self {
-            Error::Input { .. } | Error::State { .. } => origin::INPUT,
+            Error::Input { .. } | Error::State { .. } | Error::StateFull { .. } => origin::INPUT,
             _ => origin::RUN,
         }
     }

@@ -312,7 +312,7 @@ impl Pushed {
             // Synced before the rows go anywhere: an acknowledged batch is on disk.
             spool
                 .append(&Record::Batch(origin.clone(), batch), st.next_row)
-                .map_err(|e| ServeError::Internal(e.to_string()))?;
+                .map_err(spool_error)?;
             let segments = spool.segments() as u64;
             self.counts.segments.store(segments, Ordering::Relaxed);
         }
@@ -366,7 +366,7 @@ impl Pushed {
         if durable && let Some(spool) = &mut st.spool {
             spool
                 .append(&Record::End, st.next_row)
-                .map_err(|e| ServeError::Internal(e.to_string()))?;
+                .map_err(spool_error)?;
         }
         if durable && let Some(record) = &mut st.end_record {
             record(st.next_row).map_err(|e| ServeError::Internal(e.to_string()))?;
@@ -576,6 +576,16 @@ fn internal(e: crate::Error) -> ServeError {
     ServeError::Internal(e.to_string())
 }
 
+/// A batch that could not be spooled, as its producer is told it: a full disk is
+/// RESOURCE_EXHAUSTED (the push can be retried once space is freed; nothing was
+/// acknowledged), anything else INTERNAL.
+fn spool_error(e: crate::Error) -> ServeError {
+    match e {
+        crate::Error::StateFull { .. } => ServeError::ResourceExhausted(e.to_string()),
+        e => internal(e),
+    }
+}
+
 /// Featurizes `pieces` (rows a refreshed stream cut where its state changes), each with
 /// its state. Pieces from rows before `admitting` (held for the first version) were
 /// acknowledged already: a failure there fails the stream, not only this batch.
@@ -734,4 +744,24 @@ fn check_output(got: &Schema, served: &Schema) -> Result<(), String> {
         return Err("the featurized batch has columns the server does not deliver".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_resource_exhausted_and_other_spool_failures_internal() {
+        let at = |full: bool| {
+            let (path, reason) = ("/s/pushed.spool".into(), "cannot spool".to_string());
+            match full {
+                true => crate::Error::StateFull { path, reason },
+                false => crate::Error::State { path, reason },
+            }
+        };
+        assert!(
+            matches!(spool_error(at(true)), ServeError::ResourceExhausted(m) if m.contains("cannot spool"))
+        );
+        assert!(matches!(spool_error(at(false)), ServeError::Internal(_)));
+    }
 }

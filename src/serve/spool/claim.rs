@@ -245,7 +245,14 @@ fn is_state_file(name: &str) -> bool {
             .and_then(|n| n.strip_suffix(suffix))
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
     };
-    [GEOMETRY_FILE, COMMIT_FILE, MANIFEST_FILE, VERSIONS_FILE].contains(&name)
+    [
+        GEOMETRY_FILE,
+        COMMIT_FILE,
+        MANIFEST_FILE,
+        VERSIONS_FILE,
+        super::HEAD_FILE,
+    ]
+    .contains(&name)
         || (numbered("pushed-", ".spool") && name.len() == "pushed-.spool".len() + 20)
         || numbered("state-", ".json")
         || numbered("stats-", ".json")

@@ -39,6 +39,18 @@ pub const SEGMENT_BYTES: u64 = 64 << 20;
 /// The commit's file name in the state directory.
 pub const COMMIT_FILE: &str = "commit.json";
 
+/// The file naming the newest segment begun (`{"newest": ROW}`), written before a record
+/// in that segment is acknowledged: a newest segment that is gone (deleted by hand, a
+/// clean-up script) is then an error at restart, where it looked like a spool that simply
+/// ended there and its acknowledged rows were lost without a word.
+pub(super) const HEAD_FILE: &str = "spool-head.json";
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Head {
+    newest: u64,
+}
+
 /// What a trainer's commit keeps: where a restarted server starts delivering.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,6 +87,8 @@ pub struct Spool {
     /// Bytes in `file`.
     len: u64,
     segment_bytes: u64,
+    /// Whether [`HEAD_FILE`] names the segment appended to.
+    head_written: bool,
 }
 
 /// Makes commits durable and deletes the segments they leave behind, beside the
@@ -139,6 +153,16 @@ impl Spool {
         std::fs::create_dir_all(dir).map_err(|e| state_error(dir, &e))?;
         let commit = read_commit(dir)?;
         let mut segments = list_segments(dir)?;
+        let head = read_head(dir)?;
+        if let Some(newest) = head.filter(|&n| segments.last().is_none_or(|s| s.0 < n)) {
+            let path = segment_path(dir, newest);
+            return Err(state_error(
+                &path,
+                &format!(
+                    "the spool's newest segment is missing: the rows acknowledged in it cannot                      be replayed (nothing was changed; {HEAD_FILE} names it)"
+                ),
+            ));
+        }
         if segments.is_empty() {
             let first = commit.as_ref().map_or(0, Commit::keep_from);
             let path = segment_path(dir, first);
@@ -213,6 +237,7 @@ impl Spool {
         let len = file
             .seek(SeekFrom::End(0))
             .map_err(|e| state_error(path, &e))?;
+        let head_written = head == Some(segments[last].0);
         Ok(Opened {
             spool: Spool {
                 dir: dir.to_path_buf(),
@@ -220,6 +245,7 @@ impl Spool {
                 file,
                 len,
                 segment_bytes,
+                head_written,
             },
             commit,
             replay: Replay::new(replay),
@@ -237,27 +263,37 @@ impl Spool {
         if self.len >= self.segment_bytes && row > current {
             self.begin_segment(row)?;
         }
+        if !self.head_written {
+            self.write_head()?;
+        }
         let path = lock(&self.segments)
             .last()
             .map(|s| s.1.clone())
             .unwrap_or_default();
-        let failed = |e: std::io::Error| Error::State {
-            path: path.clone(),
-            reason: format!("cannot spool a pushed batch: {e}"),
+        let failed = |e: std::io::Error, full: bool| {
+            let reason = format!("cannot spool a pushed batch: {e}");
+            let path = path.clone();
+            if full {
+                Error::StateFull { path, reason }
+            } else {
+                Error::State { path, reason }
+            }
         };
         let written = self
             .file
             .write_all(&bytes)
             .and_then(|()| self.file.sync_data());
         if let Err(e) = written {
+            let full = is_full(&e);
             let undone = self
                 .file
                 .set_len(self.len)
                 .and_then(|()| self.file.seek(SeekFrom::Start(self.len)));
-            return Err(failed(match undone {
+            let e = match undone {
                 Ok(_) => e,
                 Err(u) => std::io::Error::other(format!("{e}; undoing it failed too: {u}")),
-            }));
+            };
+            return Err(failed(e, full));
         }
         self.len += bytes.len() as u64;
         Ok(())
@@ -269,12 +305,35 @@ impl Spool {
             .write(true)
             .create_new(true)
             .open(&path)
-            .map_err(|e| state_error(&path, &e))?;
+            .map_err(|e| match is_full(&e) {
+                true => Error::StateFull {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                },
+                false => state_error(&path, &e),
+            })?;
         // The new name is durable before a record in it is acknowledged.
         sync_dir(&self.dir).map_err(|e| state_error(&self.dir, &e))?;
         self.file = file;
         self.len = 0;
+        self.head_written = false;
         lock(&self.segments).push((row, path));
+        Ok(())
+    }
+
+    /// Records the segment appended to as the newest ([`HEAD_FILE`]).
+    fn write_head(&mut self) -> Result<()> {
+        let newest = lock(&self.segments).last().map_or(0, |s| s.0);
+        let path = self.dir.join(HEAD_FILE);
+        let json = serde_json::to_vec(&Head { newest }).map_err(|e| state_error(&path, &e))?;
+        write_synced(&path, &json).map_err(|e| match is_full(&e) {
+            true => Error::StateFull {
+                path: path.clone(),
+                reason: e.to_string(),
+            },
+            false => state_error(&path, &e),
+        })?;
+        self.head_written = true;
         Ok(())
     }
 
@@ -323,6 +382,27 @@ impl Committer {
     /// Segments on disk.
     pub fn segments(&self) -> usize {
         lock(&self.segments).len()
+    }
+}
+
+/// Whether `e` says the file system is full or the user's quota spent.
+fn is_full(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// The newest segment [`HEAD_FILE`] names, if the file is there (a server before it
+/// wrote none).
+fn read_head(dir: &Path) -> Result<Option<u64>> {
+    let path = dir.join(HEAD_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice::<Head>(&bytes)
+            .map(|h| Some(h.newest))
+            .map_err(|e| state_error(&path, &e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(state_error(&path, &e)),
     }
 }
 
@@ -402,6 +482,34 @@ mod tests {
             .into_iter()
             .map(|s| s.0)
             .collect()
+    }
+
+    /// A full disk is told apart (a producer gets RESOURCE_EXHAUSTED and may retry), and
+    /// what was appended before stays whole.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_full_disk_is_its_own_error_and_loses_nothing_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opened = Spool::open(dir.path(), SEGMENT_BYTES).unwrap();
+        let first = Record::Batch(origin("a", 0), batch(0));
+        append_all(&mut opened.spool, std::slice::from_ref(&first), 0);
+        let segment = std::mem::replace(
+            &mut opened.spool.file,
+            OpenOptions::new().write(true).open("/dev/full").unwrap(),
+        );
+        let err = opened
+            .spool
+            .append(&Record::Batch(origin("a", 1), batch(3)), 3)
+            .unwrap_err();
+        assert!(matches!(err, Error::StateFull { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("cannot spool a pushed batch"),
+            "{err}"
+        );
+        drop((segment, opened));
+        let opened = Spool::open(dir.path(), SEGMENT_BYTES).unwrap();
+        let read: Vec<_> = opened.replay.map(Result::unwrap).collect();
+        assert_eq!(read, [first]);
     }
 
     #[test]
@@ -552,6 +660,42 @@ mod tests {
         assert_eq!(opened.replay.first_row(), 6);
         let read: Vec<_> = opened.replay.map(Result::unwrap).collect();
         assert_eq!(read, records[2..]);
+    }
+
+    /// The newest segment gone is an error naming it (it looked like a spool that ended
+    /// there); a spool an older server wrote, without the head file, still opens.
+    #[test]
+    fn a_lost_newest_segment_is_an_error_not_a_shorter_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<_> = (0..3)
+            .map(|i| Record::Batch(origin("p", i), batch(3 * i as i64)))
+            .collect();
+        let mut opened = Spool::open(dir.path(), 1).unwrap();
+        append_all(&mut opened.spool, &records, 0);
+        drop(opened);
+        assert_eq!(segment_names(dir.path()), [0, 3, 6]);
+        let newest = segment_path(dir.path(), 6);
+        let kept = std::fs::read(&newest).unwrap();
+        std::fs::remove_file(&newest).unwrap();
+        let err = Spool::open(dir.path(), 1).err().unwrap().to_string();
+        assert!(
+            err.contains("pushed-00000000000000000006.spool") && err.contains("newest segment"),
+            "{err}"
+        );
+        assert_eq!(segment_names(dir.path()), [0, 3], "nothing was changed");
+        // Every segment gone is the same loss.
+        let all = tempfile::tempdir().unwrap();
+        std::fs::copy(dir.path().join(HEAD_FILE), all.path().join(HEAD_FILE)).unwrap();
+        assert!(Spool::open(all.path(), 1).is_err());
+        // Put back, it replays whole; without the head file (an older server's), too.
+        std::fs::write(&newest, kept).unwrap();
+        assert_eq!(Spool::open(dir.path(), 1).unwrap().replay.count(), 3);
+        std::fs::remove_file(dir.path().join(HEAD_FILE)).unwrap();
+        let mut opened = Spool::open(dir.path(), 1).unwrap();
+        assert_eq!(opened.replay.count(), 3);
+        // The next append records the head again.
+        opened.spool.append(&records[0], 9).unwrap();
+        assert_eq!(read_head(dir.path()).unwrap(), Some(9));
     }
 
     #[test]
