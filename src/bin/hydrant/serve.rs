@@ -389,13 +389,16 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                 hydrant::operators::log_line!("hydrant: streams still open after 5 s; closing them");
                 Ok(())
             }
-            // A failed cluster's streams have ended by now; one waiting for a run no
-            // one feeds is not waited for.
+            // A failed cluster's streams end with the failure at once, but its status
+            // reaches a trainer only after the steps sent before it, which a slow trainer
+            // may still be reading (gRPC's window and the socket's buffers hold megabytes):
+            // they are given as long as on a signal, and then cut (without a line of
+            // their own: the failure is this process's one line).
             _ = async {
                 if lost.wait_for(Option::is_some).await.is_err() {
                     std::future::pending::<()>().await;
                 }
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
             } => Ok(()),
         };
         // The cluster shares its fate: a lost peer ends every process, with one line;
