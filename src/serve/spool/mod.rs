@@ -159,7 +159,8 @@ impl Spool {
             return Err(state_error(
                 &path,
                 &format!(
-                    "the spool's newest segment is missing: the rows acknowledged in it cannot                      be replayed (nothing was changed; {HEAD_FILE} names it)"
+                    "the spool's newest segment is missing: the rows acknowledged in it cannot be \
+                     replayed (nothing was changed; {HEAD_FILE} names it)"
                 ),
             ));
         }
@@ -679,7 +680,10 @@ mod tests {
         std::fs::remove_file(&newest).unwrap();
         let err = Spool::open(dir.path(), 1).err().unwrap().to_string();
         assert!(
-            err.contains("pushed-00000000000000000006.spool") && err.contains("newest segment"),
+            err.contains("pushed-00000000000000000006.spool")
+                && err.contains(
+                    "newest segment is missing: the rows acknowledged in it cannot be replayed"
+                ),
             "{err}"
         );
         assert_eq!(segment_names(dir.path()), [0, 3], "nothing was changed");
