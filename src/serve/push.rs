@@ -489,11 +489,13 @@ impl Pushed {
     /// Starts from `commit` (read back from the state directory) instead of row 0: the
     /// first step is the committed one, and producers' sequence numbers are known.
     pub fn resume(&self, commit: &Commit) -> Result<(), ServeError> {
-        if self.placement.stream_start(commit.step) != commit.row {
+        let start = self.placement.stream_start(commit.step);
+        if start != commit.row {
             return Err(ServeError::FailedPrecondition(format!(
-                "the commit of step {} was made with another batch size, world size or \
-                 shuffle window; serve with those (or start with an empty --state-dir)",
-                commit.step
+                "its step {} starts at stream row {start} here, but it records row {}: it was \
+                 made with another batch size, world size or shuffle window (serve with \
+                 those), or the file was changed",
+                commit.step, commit.row
             )));
         }
         let mut st = lock(&self.state);
