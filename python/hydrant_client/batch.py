@@ -174,19 +174,32 @@ def _concat(parts: list) -> pa.RecordBatch:
     return combined[0]
 
 
+# Errors that cut a stream wherever it was: a server gone, or a run that failed.
+_CUTS = (
+    flight.FlightUnavailableError,
+    flight.FlightCancelledError,
+    flight.FlightTimedOutError,
+    flight.FlightInternalError,
+)
+
+
 def _cut_named(chunks: Iterable, rank: int, resume_at) -> Iterator:
-    """``chunks``, with a transport error (a server gone, a newer reader of the rank, a
-    failed run) raised as ``HydrantError`` naming the step to resume from,
-    ``resume_at()``; pyarrow's error is its ``__cause__`` (its class says the gRPC
-    status)."""
-    chunks = iter(chunks)
+    """``chunks``, with an error that cut the stream (a server gone, a newer reader of the
+    rank, a failed run) raised as ``HydrantError`` naming the step to resume from,
+    ``resume_at()``. pyarrow's error is its ``__cause__`` (its class says the gRPC
+    status). A refusal before the first message (a bad ticket, a rank served elsewhere)
+    is no cut: it is raised as it came."""
+    chunks, started = iter(chunks), False
     while True:
         try:
             chunk = next(chunks)
         except StopIteration:
             return
         except (flight.FlightError, pa.ArrowException) as e:
+            if not started and not isinstance(e, _CUTS):
+                raise
             raise HydrantError(f"rank {rank}: {e}; resume with start_step {resume_at()}") from e
+        started = True
         yield chunk
 
 

@@ -271,6 +271,10 @@ def test_a_second_reader_of_a_rank_supersedes_the_first_with_aborted(serve):
     import pyarrow.flight as fl
 
     assert isinstance(cut.value.__cause__, fl.FlightError)
+    # A refusal before any step (here an epoch past --epochs) is no cut: no resume step.
+    with pytest.raises(HydrantError) as refused:
+        next(client.batches("criteo", 0, 2, epoch=10**6))
+    assert "resume with" not in str(refused.value), refused.value
     other = threading.Thread(target=lambda: second.setdefault(1, list(client.batches("criteo", 1, 2))))
     other.start()
     taker.join()
