@@ -89,6 +89,10 @@ pub struct Spool {
     segment_bytes: u64,
     /// Whether [`HEAD_FILE`] names the segment appended to.
     head_written: bool,
+    /// Why the segment appended to may end in part of a record: a failed append that
+    /// could not be undone. Appending after it would leave that part between whole
+    /// records, which a restart refuses as damage; as the last bytes it is a torn tail.
+    damaged: Option<String>,
 }
 
 /// Makes commits durable and deletes the segments they leave behind, beside the
@@ -247,6 +251,7 @@ impl Spool {
                 len,
                 segment_bytes,
                 head_written,
+                damaged: None,
             },
             commit,
             replay: Replay::new(replay),
@@ -257,6 +262,12 @@ impl Spool {
     /// failed append (a full disk) is undone, so that no torn record sits before the ones
     /// appended after it.
     pub fn append(&mut self, record: &Record, row: u64) -> Result<()> {
+        if let Some(why) = &self.damaged {
+            return Err(state_error(
+                &self.dir,
+                &format!("the spool takes no more batches: {why}; restart the server"),
+            ));
+        }
         let bytes = encode(record)?;
         let current = lock(&self.segments).last().map_or(0, |s| s.0);
         // A segment holding rows is full: the next begins at this record (never two
@@ -271,30 +282,19 @@ impl Spool {
             .last()
             .map(|s| s.1.clone())
             .unwrap_or_default();
-        let failed = |e: std::io::Error, full: bool| {
-            let reason = format!("cannot spool a pushed batch: {e}");
-            let path = path.clone();
-            if full {
-                Error::StateFull { path, reason }
-            } else {
-                Error::State { path, reason }
-            }
-        };
         let written = self
             .file
             .write_all(&bytes)
             .and_then(|()| self.file.sync_data());
         if let Err(e) = written {
-            let full = is_full(&e);
             let undone = self
                 .file
                 .set_len(self.len)
-                .and_then(|()| self.file.seek(SeekFrom::Start(self.len)));
-            let e = match undone {
-                Ok(_) => e,
-                Err(u) => std::io::Error::other(format!("{e}; undoing it failed too: {u}")),
-            };
-            return Err(failed(e, full));
+                .and_then(|()| self.file.seek(SeekFrom::Start(self.len)))
+                .map(drop);
+            let (failed, damaged) = append_failed(path, &e, undone);
+            self.damaged = damaged;
+            return Err(failed);
         }
         self.len += bytes.len() as u64;
         Ok(())
@@ -383,6 +383,31 @@ impl Committer {
     /// Segments on disk.
     pub fn segments(&self) -> usize {
         lock(&self.segments).len()
+    }
+}
+
+/// What a failed append of the segment at `path` is (`e`, and whether undoing it worked):
+/// a full disk, when it was undone, is [`Error::StateFull`] (a retry once there is room
+/// works); anything else [`Error::State`]. With it, why the spool must take no more, when
+/// the undo failed too.
+fn append_failed(
+    path: PathBuf,
+    e: &std::io::Error,
+    undone: std::io::Result<()>,
+) -> (Error, Option<String>) {
+    match undone {
+        Ok(()) => {
+            let reason = format!("cannot spool a pushed batch: {e}");
+            match is_full(e) {
+                true => (Error::StateFull { path, reason }, None),
+                false => (Error::State { path, reason }, None),
+            }
+        }
+        Err(u) => {
+            let why = format!("a failed append ({e}) could not be undone ({u})");
+            let reason = format!("cannot spool a pushed batch: {why}");
+            (Error::State { path, reason }, Some(why))
+        }
     }
 }
 
@@ -477,6 +502,17 @@ mod tests {
         row
     }
 
+    /// A spool of `n` records of 3 rows each, in segments of one record each.
+    fn one_record_segments(n: u64) -> (tempfile::TempDir, Vec<Record>, Opened) {
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<_> = (0..n)
+            .map(|i| Record::Batch(origin("p", i), batch(3 * i as i64)))
+            .collect();
+        let mut opened = Spool::open(dir.path(), 1).unwrap();
+        append_all(&mut opened.spool, &records, 0);
+        (dir, records, opened)
+    }
+
     fn segment_names(dir: &Path) -> Vec<u64> {
         list_segments(dir)
             .unwrap()
@@ -485,11 +521,43 @@ mod tests {
             .collect()
     }
 
-    /// A full disk is told apart (a producer gets RESOURCE_EXHAUSTED and may retry), and
-    /// what was appended before stays whole.
+    /// A full disk whose failed append was undone is told apart (a producer gets
+    /// RESOURCE_EXHAUSTED and may retry); one that could not be undone is not, and the
+    /// spool then takes nothing more.
+    #[test]
+    fn a_failed_append_is_a_full_disk_only_when_undone() {
+        use std::io::Error as Io;
+        let (full, quota, other) = (
+            Io::from_raw_os_error(libc::ENOSPC),
+            Io::from_raw_os_error(libc::EDQUOT),
+            Io::from_raw_os_error(libc::EIO),
+        );
+        let at = || PathBuf::from("pushed.spool");
+        let failed = |e: &Io, undone: std::io::Result<()>| append_failed(at(), e, undone);
+        assert!(matches!(
+            failed(&full, Ok(())),
+            (Error::StateFull { .. }, None)
+        ));
+        assert!(matches!(
+            failed(&quota, Ok(())),
+            (Error::StateFull { .. }, None)
+        ));
+        assert!(matches!(
+            failed(&other, Ok(())),
+            (Error::State { .. }, None)
+        ));
+        let (e, damaged) = failed(&full, Err(Io::from_raw_os_error(libc::EINVAL)));
+        assert!(
+            matches!(e, Error::State { .. }) && damaged.is_some(),
+            "{e:?}"
+        );
+    }
+
+    /// A write to a full device whose undo fails too (`/dev/full` cannot be truncated):
+    /// the spool refuses every later append, and what was appended before stays whole.
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_full_disk_is_its_own_error_and_loses_nothing_before_it() {
+    fn a_spool_whose_failed_append_cannot_be_undone_takes_no_more() {
         let dir = tempfile::tempdir().unwrap();
         let mut opened = Spool::open(dir.path(), SEGMENT_BYTES).unwrap();
         let first = Record::Batch(origin("a", 0), batch(0));
@@ -498,16 +566,14 @@ mod tests {
             &mut opened.spool.file,
             OpenOptions::new().write(true).open("/dev/full").unwrap(),
         );
-        let err = opened
-            .spool
-            .append(&Record::Batch(origin("a", 1), batch(3)), 3)
-            .unwrap_err();
-        assert!(matches!(err, Error::StateFull { .. }), "{err:?}");
-        assert!(
-            err.to_string().contains("cannot spool a pushed batch"),
-            "{err}"
-        );
-        drop((segment, opened));
+        let next = Record::Batch(origin("a", 1), batch(3));
+        let err = opened.spool.append(&next, 3).unwrap_err();
+        assert!(matches!(err, Error::State { .. }), "{err:?}");
+        assert!(err.to_string().contains("could not be undone"), "{err}");
+        opened.spool.file = segment;
+        let err = opened.spool.append(&next, 3).unwrap_err().to_string();
+        assert!(err.contains("takes no more batches"), "{err}");
+        drop(opened);
         let opened = Spool::open(dir.path(), SEGMENT_BYTES).unwrap();
         let read: Vec<_> = opened.replay.map(Result::unwrap).collect();
         assert_eq!(read, [first]);
@@ -625,12 +691,7 @@ mod tests {
 
     #[test]
     fn segments_roll_and_a_commit_deletes_only_those_wholly_before_its_row() {
-        let dir = tempfile::tempdir().unwrap();
-        let records: Vec<_> = (0..5)
-            .map(|i| Record::Batch(origin("p", i), batch(3 * i as i64)))
-            .collect();
-        let mut opened = Spool::open(dir.path(), 1).unwrap();
-        append_all(&mut opened.spool, &records, 0);
+        let (dir, records, opened) = one_record_segments(5);
         // Each segment filled at its first record: one per record.
         assert_eq!(segment_names(dir.path()), [0, 3, 6, 9, 12]);
         let commit = Commit {
@@ -667,12 +728,7 @@ mod tests {
     /// there); a spool an older server wrote, without the head file, still opens.
     #[test]
     fn a_lost_newest_segment_is_an_error_not_a_shorter_spool() {
-        let dir = tempfile::tempdir().unwrap();
-        let records: Vec<_> = (0..3)
-            .map(|i| Record::Batch(origin("p", i), batch(3 * i as i64)))
-            .collect();
-        let mut opened = Spool::open(dir.path(), 1).unwrap();
-        append_all(&mut opened.spool, &records, 0);
+        let (dir, records, opened) = one_record_segments(3);
         drop(opened);
         assert_eq!(segment_names(dir.path()), [0, 3, 6]);
         let newest = segment_path(dir.path(), 6);
