@@ -524,16 +524,13 @@ impl FlightService for FlightServer {
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
         // The actions that operate the server need `admin`; trainers commit their
-        // checkpoints and read states (`train`). An unknown one is UNIMPLEMENTED to any
-        // authenticated user.
-        let role = match request.get_ref().r#type.as_str() {
-            "status" | "end_ingest" => Some(Role::Admin),
-            "commit" | "state" => Some(Role::Train),
-            _ => None,
-        };
-        self.check_token(header(&request), role)?;
+        // checkpoints and read states (`train`). Each arm checks its own role, so an
+        // action added without one cannot be open to every user; an unknown one is
+        // UNIMPLEMENTED to any authenticated user.
+        let token = header(&request);
         match request.get_ref().r#type.as_str() {
             "status" => {
+                self.check_token(token, Some(Role::Admin))?;
                 let status = serde_json::json!({
                     "pipelines": self.pipelines.iter().map(|p| p.status()).collect::<Vec<_>>(),
                 });
@@ -542,6 +539,7 @@ impl FlightService for FlightServer {
                 Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
             }
             "end_ingest" => {
+                self.check_token(token, Some(Role::Admin))?;
                 let name = end_ingest_pipeline(&request.get_ref().body)?;
                 let p = self.pipeline(&name)?.clone();
                 tokio::task::spawn_blocking(move || p.end_input())
@@ -551,6 +549,7 @@ impl FlightService for FlightServer {
                 Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
             }
             "commit" => {
+                self.check_token(token, Some(Role::Train))?;
                 let req: CommitRequest =
                     serde_json::from_slice(&request.get_ref().body).map_err(|e| {
                         Status::invalid_argument(format!(
@@ -567,6 +566,7 @@ impl FlightService for FlightServer {
                 Ok(Response::new(Box::pin(stream::iter([Ok(body)]))))
             }
             "state" => {
+                self.check_token(token, Some(Role::Train))?;
                 let req: StateRequest =
                     serde_json::from_slice(&request.get_ref().body).map_err(|e| {
                         Status::invalid_argument(format!(
@@ -585,10 +585,13 @@ impl FlightService for FlightServer {
                     .collect();
                 Ok(Response::new(Box::pin(stream::iter(chunks))))
             }
-            other => Err(Status::unimplemented(format!(
-                "unknown action `{}` (ListActions lists them)",
-                hydrant_operators::quoted(other)
-            ))),
+            other => {
+                self.check_token(token, None)?;
+                Err(Status::unimplemented(format!(
+                    "unknown action `{}` (ListActions lists them)",
+                    hydrant_operators::quoted(other)
+                )))
+            }
         }
     }
 

@@ -71,8 +71,8 @@ class _Pump:
                     return
             self.put(_END)
         except (flight.FlightError, pa.ArrowException) as e:
-            # Opening the stream failed (errors while reading it come as HydrantError,
-            # naming the step to resume from).
+            # Opening the stream failed, or the server refused it before its first
+            # message (a cut after that comes as HydrantError, naming the resume step).
             if not self.stop.is_set():
                 failed = HydrantError(str(e))
                 # The Flight error says what kind of failure it was (its gRPC status).

@@ -494,7 +494,7 @@ impl Pushed {
             return Err(ServeError::FailedPrecondition(format!(
                 "its step {} starts at stream row {start} here, but it records row {}: it was \
                  made with another batch size, world size or shuffle window (serve with \
-                 those), or the file was changed",
+                 those), or the file was changed (or start with an empty --state-dir)",
                 commit.step, commit.row
             )));
         }
