@@ -280,6 +280,21 @@ fn check_geometry(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Resu
                 ),
             ))
         }
+        // A server that writes the spool's head file wrote this one before it: gone, it
+        // was deleted, and whatever geometry the spool was cut with is unknown.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound && dir.join(super::HEAD_FILE).exists() =>
+        {
+            Err(state_error(
+                &path,
+                &format!(
+                    "is missing, but {} is there, which a server writes after it: the options \
+                     the spool was cut with are unknown; restore the file, or start with an \
+                     empty --state-dir (its spooled rows are then not served)",
+                    super::HEAD_FILE
+                ),
+            ))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let json = serde_json::to_vec(&now).map_err(|e| state_error(&path, &e))?;
             write_synced(&path, &json).map_err(|e| state_error(&path, &e))
@@ -424,6 +439,18 @@ mod tests {
                 .to_string();
             assert!(err.contains(named), "{err}");
         }
+        // Deleted from a directory whose spool records the newest segment (a server that
+        // wrote it wrote this file first): refused, not taken for any geometry.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(super::super::HEAD_FILE), br#"{"newest":0}"#).unwrap();
+        let err = check_geometry(dir.path(), &placement, PUSHED)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("stream.json") && err.contains("is missing"),
+            "{err}"
+        );
+        assert!(!dir.path().join(GEOMETRY_FILE).exists());
         // A file written before the stream was recorded fits any.
         let old = format!(
             r#"{{"order_version":{ORDER_VERSION},"world_size":2,"batch_size":100,"shuffle_window":null,"seed":null}}"#
