@@ -253,7 +253,7 @@ fn is_state_file(name: &str) -> bool {
         super::HEAD_FILE,
     ]
     .contains(&name)
-        || (numbered("pushed-", ".spool") && name.len() == "pushed-.spool".len() + 20)
+        || super::files::segment_row(name).is_some()
         || numbered("state-", ".json")
         || numbered("stats-", ".json")
 }
