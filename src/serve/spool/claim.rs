@@ -13,7 +13,7 @@ use rustix::fs::{FlockOperation, flock};
 
 use serde::{Deserialize, Serialize};
 
-use super::{state_error, write_synced};
+use super::{read_json, state_error, write_synced};
 use crate::delivery::{ORDER_VERSION, Placement};
 use crate::error::Result;
 
@@ -263,10 +263,8 @@ fn is_state_file(name: &str) -> bool {
 fn check_geometry(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Result<()> {
     let path = dir.join(GEOMETRY_FILE);
     let now = Geometry::of(placement, stream);
-    match std::fs::read(&path) {
-        Ok(bytes) => {
-            let was: Geometry =
-                serde_json::from_slice(&bytes).map_err(|e| state_error(&path, &e))?;
+    match read_json::<Geometry>(&path)? {
+        Some(was) => {
             let differ = was.differences(&now);
             if differ.is_empty() {
                 return Ok(());
@@ -282,24 +280,19 @@ fn check_geometry(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Resu
         }
         // A server that writes the spool's head file wrote this one before it: gone, it
         // was deleted, and whatever geometry the spool was cut with is unknown.
-        Err(e)
-            if e.kind() == std::io::ErrorKind::NotFound && dir.join(super::HEAD_FILE).exists() =>
-        {
-            Err(state_error(
-                &path,
-                &format!(
-                    "is missing, but {} is there, which a server writes after it: the options \
-                     the spool was cut with are unknown; restore the file, or start with an \
-                     empty --state-dir (its spooled rows are then not served)",
-                    super::HEAD_FILE
-                ),
-            ))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        None if dir.join(super::HEAD_FILE).exists() => Err(state_error(
+            &path,
+            &format!(
+                "is missing, but {} is there, which a server writes after it: the options \
+                 the spool was cut with are unknown; restore the file, or start with an \
+                 empty --state-dir (its spooled rows are then not served)",
+                super::HEAD_FILE
+            ),
+        )),
+        None => {
             let json = serde_json::to_vec(&now).map_err(|e| state_error(&path, &e))?;
             write_synced(&path, &json).map_err(|e| state_error(&path, &e))
         }
-        Err(e) => Err(state_error(&path, &e)),
     }
 }
 

@@ -124,7 +124,7 @@ pub fn read_commit(dir: &Path) -> Result<Option<Commit>> {
 }
 
 /// The JSON file at `path` read as a `T`, if it is there.
-fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+pub(super) fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)

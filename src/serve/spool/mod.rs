@@ -36,7 +36,9 @@ pub use claim::{Claim, Source, Stream, claim};
 mod files;
 pub use files::read_commit;
 pub(in crate::serve) use files::{HEAD_FILE, state_error, sync_dir, write_synced};
-use files::{append_failed, list_segments, read_head, segment_path, trim, write_error, write_head};
+use files::{
+    append_failed, list_segments, read_head, read_json, segment_path, trim, write_error, write_head,
+};
 
 /// Bytes a segment grows to before the next is begun (`--spool-segment-mib`).
 pub const SEGMENT_BYTES: u64 = 64 << 20;
