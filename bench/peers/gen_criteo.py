@@ -2,8 +2,9 @@
 
 The generator of ../shared/bench/gen_criteo.py (label int32; i0..i12 float64, lognormal,
 10% nulls; c0..c25 utf8, Zipf ids with cardinalities 10..100k; 65,536-row row groups),
-written one million rows at a time so that 10M rows fit in memory. Up to one million
-rows the file is identical to the shared generator's for the same seed.
+written one million rows at a time so that 10M rows fit in memory, in row groups of
+65,536 rows as the shared generator's. Up to one million rows the file is identical to
+the shared generator's for the same seed.
 """
 import sys
 
@@ -12,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 CHUNK = 1_000_000
+GROUP = 65_536
 
 
 def chunk(rng, rows):
@@ -29,12 +31,20 @@ def chunk(rng, rows):
 rows, out = int(sys.argv[1]), sys.argv[2]
 rng = np.random.default_rng(int(sys.argv[3]) if len(sys.argv) > 3 else 42)
 writer, nbytes, done = None, 0, 0
+# Rows of a chunk past its last whole row group wait for the next chunk: every row group
+# but the file's last has GROUP rows, as the shared generator's one write_table gives.
+# Cut at each chunk's end instead, a 10M-row file had a 16,960-row group every 1M rows.
+held = None
 while done < rows or writer is None:
     table = chunk(rng, min(CHUNK, rows - done))
     if writer is None:
         writer = pq.ParquetWriter(out, table.schema)
-    writer.write_table(table, row_group_size=65536)
     nbytes += table.nbytes
     done += table.num_rows
+    if held is not None:
+        table = pa.concat_tables([held, table]).combine_chunks()
+    whole = table.num_rows if done >= rows else table.num_rows // GROUP * GROUP
+    writer.write_table(table.slice(0, whole), row_group_size=GROUP)
+    held = table.slice(whole) if whole < table.num_rows else None
 writer.close()
 print(f'{{"rows": {rows}, "bytes_in_memory": {nbytes}, "out": "{out}"}}')
