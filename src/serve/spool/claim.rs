@@ -161,6 +161,9 @@ pub fn claim(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Result<Cl
     super::read_commit(dir)?;
     std::fs::create_dir_all(dir).map_err(|e| state_error(dir, &e))?;
     let path = dir.join(LOCK_FILE);
+    // Whether a server that records the geometry held this directory before (it takes
+    // the lock before it writes anything else).
+    let held_before = path.exists();
     let mut lock = OpenOptions::new()
         .read(true)
         .write(true)
@@ -192,7 +195,7 @@ pub fn claim(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Result<Cl
         .and_then(|()| lock.rewind())
         .and_then(|()| lock.write_all(pid.as_bytes()))
         .map_err(|e| state_error(&path, &e))?;
-    check_geometry(dir, placement, stream)?;
+    check_geometry(dir, placement, stream, held_before)?;
     Ok(Claim {
         _lock: lock,
         dir: dir.to_path_buf(),
@@ -233,6 +236,18 @@ fn check_is_state(dir: &Path) -> Result<()> {
     }
 }
 
+/// A file of a server's state in `dir` other than the geometry file, if there is one.
+fn state_beside(dir: &Path) -> Result<Option<String>> {
+    for entry in std::fs::read_dir(dir).map_err(|e| state_error(dir, &e))? {
+        let name = entry.map_err(|e| state_error(dir, &e))?.file_name();
+        let name = name.to_string_lossy();
+        if is_state_file(&name) && name.strip_suffix(".tmp").unwrap_or(&name) != GEOMETRY_FILE {
+            return Ok(Some(name.into_owned()));
+        }
+    }
+    Ok(None)
+}
+
 /// Whether `name` is a file a server writes in its state directory (or its temporary
 /// file while it is written).
 fn is_state_file(name: &str) -> bool {
@@ -259,8 +274,14 @@ fn is_state_file(name: &str) -> bool {
 }
 
 /// Checks that `dir` was written with `placement`'s stream geometry, or records it there
-/// if the directory has none yet (a new one, or one an older server wrote).
-fn check_geometry(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Result<()> {
+/// if the directory has none yet (a new one, or one an older server wrote). `held_before`:
+/// the directory has a lock file from an earlier server, which recorded its geometry.
+fn check_geometry(
+    dir: &Path,
+    placement: &Placement,
+    stream: Stream<'_>,
+    held_before: bool,
+) -> Result<()> {
     let path = dir.join(GEOMETRY_FILE);
     let now = Geometry::of(placement, stream);
     match read_json::<Geometry>(&path)? {
@@ -287,6 +308,17 @@ fn check_geometry(dir: &Path, placement: &Placement, stream: Stream<'_>) -> Resu
                  the spool was cut with are unknown; restore the file, or start with an \
                  empty --state-dir (its spooled rows are then not served)",
                 super::HEAD_FILE
+            ),
+        )),
+        // A server that took the lock recorded the geometry before it wrote any state
+        // (a followed folder's manifest, a commit): gone, it was deleted.
+        None if held_before && let Some(name) = state_beside(dir)? => Err(state_error(
+            &path,
+            &format!(
+                "is missing, but an earlier server that writes it held this directory \
+                 ({LOCK_FILE} is there) and left its state ({name:?}, for one): the options \
+                 its steps were cut with are unknown; restore the file, or start with an \
+                 empty --state-dir"
             ),
         )),
         None => {
@@ -388,8 +420,8 @@ mod tests {
                 .unwrap()
                 .stream()
         };
-        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7), PUSHED).unwrap();
-        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7), PUSHED).unwrap();
+        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7), PUSHED, false).unwrap();
+        check_geometry(dir.path(), &stream(2, 100, Some(1000), 7), PUSHED, false).unwrap();
         for (other, named) in [
             (stream(2, 50, Some(1000), 7), "--batch-size was 100, is 50"),
             (stream(4, 100, Some(1000), 7), "--ranks was 2, is 4"),
@@ -399,16 +431,16 @@ mod tests {
             ),
             (stream(2, 100, Some(1000), 8), "--seed was 7, is 8"),
         ] {
-            let err = check_geometry(dir.path(), &other, PUSHED)
+            let err = check_geometry(dir.path(), &other, PUSHED, false)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(named) && err.contains(GEOMETRY_FILE), "{err}");
         }
         // In input order the seed places nothing: another one is no other geometry.
         let dir = tempfile::tempdir().unwrap();
-        check_geometry(dir.path(), &stream(2, 100, None, 7), PUSHED).unwrap();
-        check_geometry(dir.path(), &stream(2, 100, None, 8), PUSHED).unwrap();
-        let err = check_geometry(dir.path(), &stream(2, 100, Some(1000), 8), PUSHED)
+        check_geometry(dir.path(), &stream(2, 100, None, 7), PUSHED, false).unwrap();
+        check_geometry(dir.path(), &stream(2, 100, None, 8), PUSHED, false).unwrap();
+        let err = check_geometry(dir.path(), &stream(2, 100, Some(1000), 8), PUSHED, false)
             .unwrap_err()
             .to_string();
         assert!(err.contains("--shuffle-window was none, is 1000"), "{err}");
@@ -427,7 +459,7 @@ mod tests {
             (followed, "the input was pushed, is a followed folder"),
             (other, "the pipeline was p, is q"),
         ] {
-            let err = check_geometry(dir.path(), &placement, stream)
+            let err = check_geometry(dir.path(), &placement, stream, false)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(named), "{err}");
@@ -436,7 +468,7 @@ mod tests {
         // wrote it wrote this file first): refused, not taken for any geometry.
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(super::super::HEAD_FILE), br#"{"newest":0}"#).unwrap();
-        let err = check_geometry(dir.path(), &placement, PUSHED)
+        let err = check_geometry(dir.path(), &placement, PUSHED, false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -450,6 +482,48 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(GEOMETRY_FILE), old).unwrap();
-        check_geometry(dir.path(), &placement, followed).unwrap();
+        check_geometry(dir.path(), &placement, followed, false).unwrap();
+    }
+
+    /// `stream.json` deleted from a followed folder's state, which has a manifest and no
+    /// spool head: the lock file shows that a server which records the geometry held it,
+    /// so it is refused under any options, changing nothing. The same state from a server
+    /// older than the lock file is taken, and the geometry recorded.
+    #[test]
+    fn a_deleted_geometry_is_refused_where_a_server_that_writes_it_held_the_directory() {
+        use crate::serve::MANIFEST_FILE;
+        let placement = Placement::new(2, 100, LastBatch::Pad, 7, Some(1000)).unwrap();
+        let followed = Stream {
+            source: Source::Followed,
+            ..PUSHED
+        };
+        let dir = tempfile::tempdir().unwrap();
+        drop(claim(dir.path(), &placement, followed).unwrap());
+        std::fs::write(dir.path().join(MANIFEST_FILE), b"").unwrap();
+        std::fs::remove_file(dir.path().join(GEOMETRY_FILE)).unwrap();
+        let other = Placement::new(2, 50, LastBatch::Pad, 7, Some(1000)).unwrap();
+        for placement in [&placement, &other] {
+            let err = claim(dir.path(), placement, followed)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("stream.json")
+                    && err.contains("is missing")
+                    && err.contains(MANIFEST_FILE),
+                "{err}"
+            );
+            assert!(!dir.path().join(GEOMETRY_FILE).exists());
+        }
+        // A crash between the lock and the geometry left no state: taken.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(LOCK_FILE), b"1").unwrap();
+        std::fs::write(dir.path().join(format!("{GEOMETRY_FILE}.tmp")), b"{").unwrap();
+        drop(claim(dir.path(), &other, followed).unwrap());
+        // An older server's: no lock file.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(MANIFEST_FILE), b"").unwrap();
+        drop(claim(dir.path(), &other, followed).unwrap());
+        assert!(dir.path().join(GEOMETRY_FILE).exists());
+        claim(dir.path(), &placement, followed).unwrap_err();
     }
 }
