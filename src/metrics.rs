@@ -1,6 +1,18 @@
 //! Metric names, in one place. Recorded through the `metrics` crate; `hydrant serve
 //! --metrics-listen HOST:PORT` exports them for Prometheus.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
 /// Counter: featurized rows leaving the dataflow's sinks (label `stage`).
 pub const ROWS_OUT: &str = "hydrant_rows_out_total";
 /// Counter: rows admitted to a stream (pushed by producers, or read from followed files).
@@ -27,10 +39,100 @@ pub const RANK_STALL_SECONDS: &str = "hydrant_rank_stall_seconds_total";
 /// Gauge: batches queued for a rank (label `rank`).
 pub const RANK_QUEUE_DEPTH: &str = "hydrant_rank_queue_depth";
 
-/// Starts the Prometheus exporter on `addr` (serving `/metrics`).
-pub fn export(addr: std::net::SocketAddr) -> crate::Result<()> {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
-        .map_err(|e| crate::Error::Usage(format!("--metrics-listen {addr}: {e}")))
+/// How long a scrape's connection may take, its request included: an idle or slow
+/// connection is closed after it, so that idle connections cannot pile up.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the exporter waits after a failed accept (out of file descriptors, most often)
+/// before it accepts again, rather than failing at once again and again.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
+/// How often histograms are drained ([`PrometheusHandle::run_upkeep`]).
+const UPKEEP: Duration = Duration::from_secs(5);
+
+/// Starts the Prometheus exporter on `addr` on the current tokio runtime, serving
+/// `/metrics` (and `/health`), and returns the address it listens on (`addr` with port 0
+/// gets one from the system).
+///
+/// Served here rather than by the exporter crate's own listener, which keeps an idle
+/// connection open for ever and retries a failed accept at once: 1,100 idle connections
+/// used up the file descriptors and kept both cores busy retrying.
+pub fn export(addr: SocketAddr) -> crate::Result<SocketAddr> {
+    let usage =
+        |e: &dyn std::fmt::Display| crate::Error::Usage(format!("--metrics-listen {addr}: {e}"));
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| usage(&e))?;
+    let local = listener.local_addr().map_err(|e| usage(&e))?;
+    listener.set_nonblocking(true).map_err(|e| usage(&e))?;
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| usage(&e))?;
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| usage(&e))?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(UPKEEP);
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    tokio::spawn(serve(listener, handle));
+    Ok(local)
+}
+
+/// Answers scrapes on `listener`, one short-lived connection at a time each.
+async fn serve(listener: tokio::net::TcpListener, handle: PrometheusHandle) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                tokio::time::sleep(ACCEPT_PAUSE).await;
+                continue;
+            }
+        };
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                std::future::ready(Ok::<_, std::convert::Infallible>(answer(&handle, &request)))
+            });
+            let connection = http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+        });
+    }
+}
+
+/// The answer to one request: the metrics, a health check, or 404.
+fn answer<B>(handle: &PrometheusHandle, request: &Request<B>) -> Response<Full<Bytes>> {
+    let (status, body, kind) = match request.uri().path() {
+        "/metrics" => (StatusCode::OK, handle.render(), "text/plain; version=0.0.4"),
+        "/health" => (StatusCode::OK, "OK".to_string(), "text/plain"),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not found: metrics are at /metrics\n".to_string(),
+            "text/plain",
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_metrics_and_health_paths_are_answered() {
+        let handle = PrometheusBuilder::new().build_recorder().handle();
+        let get = |path: &str| {
+            let request = Request::builder().uri(path).body(()).unwrap();
+            answer(&handle, &request).status()
+        };
+        assert_eq!(get("/metrics"), StatusCode::OK);
+        assert_eq!(get("/health"), StatusCode::OK);
+        assert_eq!(get("/nope"), StatusCode::NOT_FOUND);
+        assert_eq!(get("/"), StatusCode::NOT_FOUND);
+    }
 }

@@ -26,6 +26,8 @@ use crate::idle::{FirstWords, GREETING_TIMEOUT};
 use crate::served::{BatchMeta, Origin, ServeError, Served};
 use crate::ticket::Ticket;
 
+/// How long the server waits after a failed accept before it accepts again.
+const ACCEPT_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 /// How long a failed login waits before its answer.
 const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -131,7 +133,17 @@ impl FlightServer {
                 // A connection that never starts talking is dropped (`idle.rs`).
                 TcpIncoming::from(listener)
                     .with_nodelay(Some(true))
-                    .map_ok(|io| FirstWords::new(io, GREETING_TIMEOUT)),
+                    .map_ok(|io| FirstWords::new(io, GREETING_TIMEOUT))
+                    // A failed accept (out of file descriptors, most often) leaves the
+                    // connection waiting, so the next accept fails at once: tonic, which
+                    // skips the error, spun both cores doing that. Pausing before the next
+                    // one lets connections close meanwhile.
+                    .then(|accepted| async move {
+                        if accepted.is_err() {
+                            tokio::time::sleep(ACCEPT_PAUSE).await;
+                        }
+                        accepted
+                    }),
                 shutdown,
             )
             .await

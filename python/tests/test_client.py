@@ -193,15 +193,18 @@ def test_status_reports_runs_and_forgets_a_finished_one(serve):
 
 
 def test_metrics_are_exported_for_prometheus(serve):
-    import socket
+    import urllib.error
     import urllib.request
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    s = serve("--ranks", "2", "--batch-size", "5000", "--metrics-listen", f"127.0.0.1:{port}")
+    # Port 0: the ready line says which port the system gave.
+    s = serve("--ranks", "2", "--batch-size", "5000", "--metrics-listen", "127.0.0.1:0")
+    metrics = s.ready["metrics"]
+    assert metrics.startswith("127.0.0.1:") and not metrics.endswith(":0"), metrics
     read_all(Client(s.uri), range(2), 2)
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
+    with pytest.raises(urllib.error.HTTPError) as other_path:
+        urllib.request.urlopen(f"http://{metrics}/nope", timeout=10)
+    assert other_path.value.code == 404
     steps = -(-ROWS // 10000)
     assert f'hydrant_rank_batches_total{{rank="0"}} {steps}' in text
     # Named in full on failure: pytest cuts the exported text short (CI once failed here

@@ -227,10 +227,13 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                 "cannot start the server runtime: {e}"
             )))
         })?;
-    if let Some(m) = args.metrics_listen {
-        let _inside = runtime.enter();
-        hydrant::metrics::export(m).map_err(told)?;
-    }
+    let metrics_at = match args.metrics_listen {
+        Some(m) => {
+            let _inside = runtime.enter();
+            Some(hydrant::metrics::export(m).map_err(told)?.to_string())
+        }
+        None => None,
+    };
     let mut on_cluster = None;
     let served = if pushed {
         let follows = args.follow.is_some();
@@ -325,6 +328,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
         let ready = json!({
             "listening": local.to_string(),
+            "metrics": metrics_at,
             "process": args.common.process,
             "local_ranks": local_ranks,
             "pipeline": spec.name,
