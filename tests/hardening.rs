@@ -266,8 +266,19 @@ fn inputs_that_are_not_plain_files_or_change_while_read() {
     std::fs::write(p("folder/.hidden.parquet"), "junk").unwrap();
     std::fs::write(p("folder/_SUCCESS"), "").unwrap();
     std::fs::write(p("folder/_metadata.parquet"), "junk").unwrap();
+    std::fs::create_dir(p("folder/_temporary")).unwrap();
+    std::fs::copy(&input, p("folder/_temporary/part-1.parquet")).unwrap();
     let s = hydrant_ok(&["run", "--pipeline", toml, "--input", &p("folder")]);
     assert_eq!(s["rows"], 2_000);
+    // A sub-folder of data (a partitioned layout) is not left out without a word.
+    std::fs::create_dir(p("folder/date=1")).unwrap();
+    std::fs::copy(&input, p("folder/date=1/part-0.parquet")).unwrap();
+    let err = hydrant_err(&["run", "--pipeline", toml, "--input", &p("folder")]);
+    assert!(
+        err.contains("sub-folder") && err.contains("date=1") && err.lines().count() == 1,
+        "{err}"
+    );
+    std::fs::remove_dir_all(p("folder/date=1")).unwrap();
 
     // Arrow IPC streams are read, as IPC files are, and give the same rows.
     let batches = read_parquet(Path::new(&input));

@@ -503,12 +503,29 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
             .and_then(|n| n.to_str())
             .is_some_and(|n| !n.starts_with('.') && !n.starts_with('_'))
     };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+    let entries: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(|e| Error::Input {
             path: path.into(),
             reason: one_line(e),
         })?
         .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    // A folder is read one level deep. Its sub-folders' rows (a partitioned layout, say)
+    // would otherwise be left out without a word.
+    let mut folders: Vec<&PathBuf> = entries.iter().filter(|p| p.is_dir() && data(p)).collect();
+    folders.sort();
+    if let Some(folder) = folders.first() {
+        let name = folder.file_name().unwrap_or_default().to_string_lossy();
+        return Err(Error::Input {
+            path: path.into(),
+            reason: format!(
+                "holds a sub-folder, {name:?}, and a folder is read one level deep: give \
+                 each folder of data files as an --input (hidden and `_` folders are skipped)"
+            ),
+        });
+    }
+    let mut files: Vec<PathBuf> = entries
+        .into_iter()
         .filter(|p| {
             p.is_file()
                 && data(p)
