@@ -701,3 +701,38 @@ fn run_follow_delivers_what_a_run_over_the_same_files_does() {
     assert_eq!(got.len(), 6500);
     assert!(got == want, "run --follow featurized other rows than run");
 }
+
+/// A followed folder is one endless stream: options about epochs of files are refused
+/// with one line, not ignored (the ready line used to say `"epochs": 1` after
+/// `--epochs 3`).
+#[test]
+fn epochs_and_start_steps_are_refused_for_a_followed_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, state) = folder_with_state(dir.path(), &[1_000], 43);
+    let followed = dir.path().join("followed");
+    std::fs::create_dir_all(&followed).unwrap();
+    let toml = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/criteo.toml");
+    for (option, value) in [
+        ("--epochs", "3"),
+        ("--start-epoch", "1"),
+        ("--start-step", "5"),
+    ] {
+        let err = common::hydrant_err(&[
+            "serve",
+            "--pipeline",
+            toml.to_str().unwrap(),
+            "--state",
+            state.to_str().unwrap(),
+            "--follow",
+            followed.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            option,
+            value,
+        ]);
+        assert!(
+            err.contains("do not apply") && err.contains(option),
+            "{err}"
+        );
+    }
+}

@@ -593,8 +593,9 @@ impl Served for ServedPipeline {
                 )
             } else {
                 format!(
-                    "step {start_step} of rank {rank} is no longer held (pushed input is \
-                     delivered once; the last {} MiB per rank are kept for reconnects)",
+                    "step {start_step} of rank {rank} is no longer held (pushed or followed \
+                     input is delivered once; the last {} MiB per rank are kept for \
+                     reconnects)",
                     self.replay_bytes >> 20
                 )
             }));

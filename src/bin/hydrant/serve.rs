@@ -546,6 +546,14 @@ pub(crate) fn streamed_pipeline(
             spec.name
         )));
     }
+    if (d.epochs, d.start_epoch, d.start_step) != (1, 0, 0) {
+        return Err(Error::Usage(format!(
+            "pipeline `{}` {what}: its rows are one endless stream, so --epochs, \
+             --start-epoch and --start-step do not apply (a trainer resumes with its \
+             ticket's start_step)",
+            spec.name
+        )));
+    }
     let path = state;
     if path.is_none() && !spec.stats.refreshes() {
         return Err(Error::Usage(format!(
