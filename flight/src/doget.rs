@@ -78,7 +78,12 @@ impl Service<http::Request<tonic::body::Body>> for Route {
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         if request.uri().path() != DO_GET {
-            return self.generated.call(request);
+            let answer = self.generated.call(request);
+            return Box::pin(async move {
+                let mut response = answer.await?;
+                undecodable_is_invalid_argument(&mut response);
+                Ok(response)
+            });
         }
         let server = self.server.clone();
         Box::pin(async move {
@@ -86,6 +91,28 @@ impl Service<http::Request<tonic::body::Body>> for Route {
                 .await
                 .unwrap_or_else(Status::into_http))
         })
+    }
+}
+
+/// tonic refuses a request message that does not decode (a descriptor path that is not
+/// UTF-8, say) with INTERNAL, which the README keeps for the server's own failures: the
+/// error is the client's, INVALID_ARGUMENT. Such a refusal is a response of headers only,
+/// so its status is rewritten there.
+fn undecodable_is_invalid_argument<B>(response: &mut http::Response<B>) {
+    let headers = response.headers_mut();
+    let internal = headers.get("grpc-status").is_some_and(|s| s == "13");
+    let undecodable = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .is_some_and(|m| {
+            m.replace("%20", " ")
+                .starts_with("failed to decode Protobuf message")
+        });
+    if internal && undecodable {
+        let code = (tonic::Code::InvalidArgument as i32).to_string();
+        if let Ok(code) = http::HeaderValue::from_str(&code) {
+            headers.insert("grpc-status", code);
+        }
     }
 }
 

@@ -175,6 +175,19 @@ def test_bad_tickets_name_the_field(serve, ticket, message):
     assert len(Client(s.uri).endpoints("criteo")) == 2
 
 
+def test_a_descriptor_that_does_not_decode_is_invalid_argument(serve):
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    s = serve("--ranks", "2")
+    c = flight.FlightClient(s.uri)
+    # A path that is not UTF-8 does not decode as a FlightDescriptor: the client's error,
+    # not INTERNAL (which says the server failed).
+    with pytest.raises(pa.ArrowInvalid, match="invalid argument error.*failed to decode"):
+        c.get_flight_info(flight.FlightDescriptor.for_path(b"\xff\xfe"))
+    assert len(Client(s.uri).endpoints("criteo")) == 2
+
+
 def test_status_reports_runs_and_forgets_a_finished_one(serve):
     s = serve("--ranks", "2", "--batch-size", "5000")
     client = Client(s.uri)
