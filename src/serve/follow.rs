@@ -179,7 +179,15 @@ impl Manifest {
             whole += n as u64;
         }
         drop(reader);
-        if whole < file.metadata().map_err(|e| state_error(&path, &e))?.len() {
+        let len = file.metadata().map_err(|e| state_error(&path, &e))?.len();
+        if whole < len {
+            // Said, as the spool says its torn record: not cut off unseen.
+            hydrant_operators::log_line!(
+                "hydrant: {}: cut off a torn last line ({} of {len} bytes, from byte {whole}), \
+                 as a crash mid-write leaves it",
+                crate::error::one_line_path(&path),
+                len - whole
+            );
             file.set_len(whole).map_err(|e| state_error(&path, &e))?;
             file.sync_all().map_err(|e| state_error(&path, &e))?;
         }
