@@ -288,6 +288,10 @@ fn inputs_that_are_not_plain_files_or_change_while_read() {
     for f in ["rows.arrows", "rows.arrow"] {
         let s = hydrant_ok(&["run", "--pipeline", toml, "--input", &p(f)]);
         assert_eq!(s["rows"], parquet["rows"], "{f}");
+        // A run of a few milliseconds: its stall fraction, rounded from stalls already
+        // rounded to the millisecond, used to read above 1 now and then.
+        let stalled = s["stall_fraction"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&stalled), "{s}");
     }
 
     // Truncated after its footer was read (as a run or a server would have): an error
