@@ -42,9 +42,6 @@ pub const RANK_QUEUE_DEPTH: &str = "hydrant_rank_queue_depth";
 /// How long a scrape's connection may take, its request included: an idle or slow
 /// connection is closed after it, so that idle connections cannot pile up.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long the exporter waits after a failed accept (out of file descriptors, most often)
-/// before it accepts again, rather than failing at once again and again.
-const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
 /// How often histograms are drained ([`PrometheusHandle::run_upkeep`]).
 const UPKEEP: Duration = Duration::from_secs(5);
 
@@ -83,7 +80,7 @@ async fn serve(listener: tokio::net::TcpListener, handle: PrometheusHandle) {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(_) => {
-                tokio::time::sleep(ACCEPT_PAUSE).await;
+                tokio::time::sleep(hydrant_flight::ACCEPT_PAUSE).await;
                 continue;
             }
         };

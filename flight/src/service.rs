@@ -26,8 +26,10 @@ use crate::idle::{FirstWords, GREETING_TIMEOUT};
 use crate::served::{BatchMeta, Origin, ServeError, Served};
 use crate::ticket::Ticket;
 
-/// How long the server waits after a failed accept before it accepts again.
-const ACCEPT_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long a server waits after a failed accept (out of file descriptors, most often)
+/// before it accepts again, rather than failing at once again and again: the Flight
+/// service here, and hydrant's metrics endpoint.
+pub const ACCEPT_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 /// How long a failed login waits before its answer.
 const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
 
