@@ -156,6 +156,39 @@ fn ranks_beyond_the_threads_to_be_had_are_read_all_the_same() {
     assert!(err.contains("at most 1024 ranks"), "{err}");
 }
 
+/// Each rank a process serves costs memory before any row (its queue, slot and step
+/// buffers): one process takes at most 131,072, and more are refused up front. A step of
+/// all ranks far larger than the input is warned about: nearly everything delivered
+/// would be padding.
+#[test]
+fn ranks_past_a_process_s_bound_are_refused_and_a_world_of_padding_is_warned() {
+    let (_dir, input) = small_criteo();
+    let toml = criteo_toml();
+    let args = run_of(&toml, Path::new(&input), &["--ranks", "131073"]);
+    let err = err_within(Duration::from_secs(10), &args);
+    assert!(
+        err.contains("gives a process 131073 ranks: at most 131072 a process"),
+        "{err}"
+    );
+    let out = hydrant(&run_of(&toml, Path::new(&input), &["--ranks", "300"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "warning: 1226800 of the 1228800 rows each epoch delivers are padding: --ranks 300 \
+             × --batch-size 4096 is 1228800 rows a step, over 2000 input rows"
+        ),
+        "{stderr}"
+    );
+    // A few rows over a few ranks, as tests and demos run them, is no cause for a warning.
+    let out = hydrant(&run_of(&toml, Path::new(&input), &["--ranks", "3"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("padding"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_panic_in_any_operator_ends_the_job_with_one_line() {
     let (_dir, input) = small_criteo();

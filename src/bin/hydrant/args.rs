@@ -38,6 +38,8 @@ pub(crate) const MAX_WORKERS: usize = 1024;
 pub(crate) const MAX_PROCESSES: usize = 4096;
 /// The most data-parallel ranks.
 pub(crate) const MAX_RANKS: usize = 1 << 20;
+/// The most of them one process owns (a world of [`MAX_RANKS`] takes 8 processes).
+pub(crate) const MAX_LOCAL_RANKS: usize = 1 << 17;
 /// The most rows per rank per step.
 pub(crate) const MAX_BATCH_SIZE: usize = 1 << 26;
 /// The most batches a loader keeps ready.

@@ -24,7 +24,10 @@ mod demo;
 mod follow;
 mod serve;
 
-use args::{MAX_BATCH_SIZE, MAX_PREFETCH, MAX_PROCESSES, MAX_RANKS, MAX_WORKERS, float_in, int_in};
+use args::{
+    MAX_BATCH_SIZE, MAX_LOCAL_RANKS, MAX_PREFETCH, MAX_PROCESSES, MAX_RANKS, MAX_WORKERS, float_in,
+    int_in,
+};
 
 #[derive(Parser)]
 #[command(
@@ -210,6 +213,17 @@ struct DeliveryArgs {
 
 impl DeliveryArgs {
     fn options(&self, cluster: Cluster) -> Result<RunOptions> {
+        // Each rank served here keeps its own queue, slot and step buffers (several KB
+        // before any row): a total bound, where --max-batch-bytes bounds one rank.
+        let local = self.ranks.div_ceil(cluster.processes.max(1));
+        if local > MAX_LOCAL_RANKS {
+            return Err(Error::Usage(format!(
+                "--ranks {} over --processes {} gives a process {local} ranks: at most \
+                 {MAX_LOCAL_RANKS} a process (run more processes, one beside each node's \
+                 trainers)",
+                self.ranks, cluster.processes
+            )));
+        }
         Ok(RunOptions {
             ranks: self.ranks,
             batch_size: self.batch_size,
@@ -419,6 +433,28 @@ fn prepare(
     Pipeline::from_files(&common.pipeline, &common.input, state, options)
 }
 
+/// Warns, on one line, where most of what each epoch delivers would be padding: the
+/// ranks' steps together are far larger than the input (`--ranks 100000` over 50,000
+/// rows pads every epoch to 409,600,000), which the user most likely did not mean.
+pub(crate) fn warn_padding(plan: &hydrant::EpochPlan) {
+    let (padded, delivered) = (plan.padded_rows(), plan.delivered_rows());
+    if padded > delivered.max(PADDING_WARN_ROWS) {
+        hydrant::operators::log_line!(
+            "hydrant: warning: {padded} of the {} rows each epoch delivers are padding: \
+             --ranks {} × --batch-size {} is {} rows a step, over {} input rows",
+            padded + delivered,
+            plan.world_size(),
+            plan.batch_size(),
+            plan.step_rows(),
+            plan.rows()
+        );
+    }
+}
+
+/// Padding below this is never warned about, however small the input (tests and demos
+/// run a few rows over several ranks on purpose).
+const PADDING_WARN_ROWS: u64 = 1 << 20;
+
 /// What the trainers (or the null consumers) saw.
 #[derive(Default)]
 struct Consumed {
@@ -476,6 +512,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
             plan.world_size()
         ))));
     }
+    warn_padding(&plan);
     let mut consumed = Consumed::default();
     let report = if use_loaders {
         // `start` fails only before the dataflow joins (a loader's device, a thread).

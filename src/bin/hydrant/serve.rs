@@ -242,6 +242,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     } else {
         let pipeline =
             prepare(&args.common, args.state.as_deref(), Some(&args.delivery)).map_err(told)?;
+        crate::warn_padding(pipeline.epoch_plan());
         let cluster = pipeline.cluster().clone();
         let job = pipeline.into_job();
         let (inputs, plan, delivery) = (job.inputs.clone(), job.plan.clone(), job.delivery.clone());
