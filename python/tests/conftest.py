@@ -32,12 +32,13 @@ def data(tmp_path_factory):
 
 
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, preexec_fn=None):
         self.proc = subprocess.Popen(
             [str(BIN), "serve", "--listen", "127.0.0.1:0", *map(str, args)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=preexec_fn,
         )
         line = self.proc.stdout.readline()
         if not line:

@@ -1,6 +1,11 @@
 """A server whose input changes underneath it, or whose run panics, fails the affected
 stream, not the process."""
 
+import os
+import resource
+import socket
+import time
+
 import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.ipc as ipc
@@ -9,7 +14,7 @@ import pytest
 
 from hydrant_client import Client, HydrantError
 
-from conftest import PIPELINE, Server, hydrant
+from conftest import PIPELINE, ROWS, Server, hydrant
 
 
 def test_an_input_truncated_while_served_fails_its_stream_only(data, tmp_path):
@@ -183,4 +188,71 @@ def test_a_rank_whose_trainer_dies_mid_epoch_is_let_go(tmp_path):
         assert got[0] == ("done", list(range(5, steps))), got
     finally:
         child.kill()
+        s.stop()
+
+
+def _cpu_seconds(pid):
+    """User and system CPU time `pid` has used, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _open_files(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+FILES = 160
+# The HTTP/2 client preface and an empty SETTINGS frame.
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+@pytest.mark.parametrize("port", ["flight", "metrics"])
+def test_a_server_out_of_file_descriptors_waits_and_serves_again(data, port):
+    """Connections that are opened and held until the server has no file descriptor
+    left (an HTTP/2 preface and nothing else on the Flight port, nothing at all on the
+    metrics port) used to make both accept loops retry the failing accept at once, at
+    100-200% CPU: the server now pauses after a failed accept, closes metrics
+    connections after 10 s, and serves the next trainer once descriptors are free."""
+    path, state = data
+
+    def few_files():
+        # Soft and hard both: the server raises its soft limit to the hard one at start.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FILES, FILES))
+
+    s = Server(
+        "--pipeline", PIPELINE, "--input", path, "--state", state,
+        "--batch-size", "5000", "--metrics-listen", "127.0.0.1:0",
+        preexec_fn=few_files,
+    )
+    held = []
+    try:
+        address = s.ready["listening" if port == "flight" else "metrics"]
+        host, number = address.rsplit(":", 1)
+        for _ in range(FILES + 20):
+            sock = socket.create_connection((host, int(number)), timeout=10)
+            if port == "flight":
+                sock.sendall(PREFACE)
+            held.append(sock)
+        deadline = time.monotonic() + 10
+        while _open_files(s.proc.pid) < FILES - 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _open_files(s.proc.pid) >= FILES - 2, "the connections did not use the files up"
+        before = _cpu_seconds(s.proc.pid)
+        time.sleep(2)
+        spent = _cpu_seconds(s.proc.pid) - before
+        assert spent < 0.5, f"{spent:.2f} CPU-seconds in 2 s with no descriptor left"
+        if port == "metrics":
+            # Held, never sending a request: closed by the server within its 10 s.
+            held[0].settimeout(15)
+            assert held[0].recv(1) == b""
+        for sock in held:
+            sock.close()
+        held.clear()
+        rows = sum(b.rows - b.padded_rows for b in Client(s.uri).batches("criteo", 0, 1))
+        assert rows == ROWS
+        assert s.proc.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
         s.stop()
