@@ -5,6 +5,7 @@ hydrant client connected to one process only."""
 import json
 import subprocess
 import threading
+import time
 
 import pyarrow.flight as flight
 import pytest
@@ -137,3 +138,54 @@ def test_the_hydrant_client_follows_each_rank_to_its_process(cluster):
     assert all(b.last for b in (got[r][-1] for r in range(WORLD)))
     with pytest.raises(HydrantError):
         Client("grpc://" + cluster[0]["listening"]).batches("nope", 0, WORLD)
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.01])
+def test_a_lost_process_ends_a_slow_trainer_s_stream_with_where_to_resume(data, tmp_path, pause):
+    """SIGKILL one process of two while a trainer reads a rank of the other, at once or
+    slowly: the trainer keeps every step sent before the loss, then gets a HydrantError
+    that names the step to resume from (the lost process, where the status reached it
+    before the survivor gave up on it), never a clean end; the survivor exits with a
+    line naming the lost process."""
+    path, state = data
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"127.0.0.1:{free_port()}\n" for _ in range(2)))
+    # Tiny steps: hundreds a rank, so that the loss comes mid-epoch.
+    procs = [
+        subprocess.Popen(
+            [str(BIN), "serve", "--listen", "127.0.0.1:0", "--pipeline", str(PIPELINE),
+             "--input", str(path), "--state", str(state), "--ranks", str(WORLD),
+             "--batch-size", "7", "--workers", "1", "--processes", "2",
+             "--process", str(p), "--hostfile", str(hosts)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in range(2)
+    ]
+    try:
+        ready = [json.loads(p.stdout.readline()) for p in procs]
+        reader = Client("grpc://" + ready[0]["listening"]).batches("criteo", 0, WORLD)
+        got = [next(reader) for _ in range(10)]
+        procs[1].kill()
+        killed = time.monotonic()
+        with pytest.raises(HydrantError) as cut:
+            for batch in reader:
+                got.append(batch)
+                time.sleep(pause)
+        steps = [b.step for b in got]
+        assert steps == list(range(len(got))), "every step before the loss, in order"
+        assert len(got) < -(-ROWS // (WORLD * 7)), "the loss came mid-epoch"
+        assert str(cut.value).endswith(f"resume with start_step {len(got)}"), cut.value
+        if pause == 0.0:
+            assert "lost process 1" in str(cut.value), cut.value
+        procs[0].wait(timeout=max(1.0, 15 - (time.monotonic() - killed)))
+        assert procs[0].returncode not in (0, None)
+        # Its last line (before it, a note that rank 1, which no one read, was let go).
+        log = procs[0].stderr.read()
+        assert "lost process 1" in log.strip().splitlines()[-1], log
+        assert "panicked" not in log, log
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
