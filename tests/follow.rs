@@ -173,6 +173,50 @@ fn a_folder_in_the_followed_folder_is_skipped_and_named() {
     });
 }
 
+/// A followed folder renamed away while served admits nothing and says why in `status`
+/// (with no server path in it); renamed back, it is followed again from where it was,
+/// and every row of both files arrives once.
+#[test]
+fn a_followed_folder_that_cannot_be_listed_is_reported_until_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[1_000, 1_000], 47);
+    let (followed, state_dir) = (dir.path().join("followed"), dir.path().join("s"));
+    let away = dir.path().join("away");
+    std::fs::create_dir_all(&followed).unwrap();
+    common::pushed::runtime().block_on(async {
+        let (_server, uri) = serve_following(&followed, &state, &state_dir);
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 0, usize::MAX).await }
+        });
+        publish(&source.join("part-0.parquet"), &followed, "a.parquet");
+        let s = admitted(&uri, 1).await;
+        assert_eq!(s["follow"]["folder_error"], serde_json::Value::Null, "{s}");
+        std::fs::rename(&followed, &away).unwrap();
+        let mut s = status(&uri).await;
+        for _ in 0..400 {
+            if !s["follow"]["folder_error"].is_null() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            s = status(&uri).await;
+        }
+        let why = s["follow"]["folder_error"].as_str().unwrap_or_default();
+        assert!(
+            why.contains("the followed folder cannot be listed")
+                && !why.contains(dir.path().to_str().unwrap()),
+            "{s}"
+        );
+        publish(&source.join("part-1.parquet"), &away, "b.parquet");
+        std::fs::rename(&away, &followed).unwrap();
+        let s = admitted(&uri, 2).await;
+        assert_eq!(s["follow"]["folder_error"], serde_json::Value::Null, "{s}");
+        end(&uri).await;
+        let ranks = reader.await.unwrap();
+        assert_eq!(sorted_ids(&ranks), (0..2_000).collect::<Vec<_>>());
+    });
+}
+
 /// The continuous-training issue's followed folder: three files of 3,000 rows published
 /// while two trainers read (with a bad file, a temporary one and Spark's `_SUCCESS`
 /// among them), the server SIGKILLed after the trainers committed step 4 and restarted on

@@ -218,6 +218,8 @@ pub(super) struct FollowCounts {
     pub skipped_files: AtomicU64,
     /// The latest skipped files and why.
     pub skipped: Mutex<Vec<(String, String)>>,
+    /// Why the folder cannot be listed now (deleted, renamed away, no permission).
+    pub unreadable: Mutex<Option<String>>,
 }
 
 impl FollowCounts {
@@ -228,7 +230,27 @@ impl FollowCounts {
             "skipped": lock(&self.skipped).iter().map(|(file, error)| {
                 serde_json::json!({"file": file, "error": error})
             }).collect::<Vec<_>>(),
+            "folder_error": *lock(&self.unreadable),
         })
+    }
+
+    /// Records whether the folder could be listed (`error` says why not), telling the log
+    /// once when it stops being readable, and once when it is again: nothing new is
+    /// admitted meanwhile. The error names no path: the server's paths are not shown.
+    fn listed(&self, error: Option<&std::io::Error>) {
+        let mut unreadable = lock(&self.unreadable);
+        match (error, unreadable.is_some()) {
+            (Some(e), false) => {
+                let why = format!("the followed folder cannot be listed: {e}");
+                hydrant_operators::log_line!("hydrant: {why}; no file is admitted until it can");
+                *unreadable = Some(why);
+            }
+            (None, true) => {
+                hydrant_operators::log_line!("hydrant: the followed folder can be listed again");
+                *unreadable = None;
+            }
+            _ => {}
+        }
     }
 
     fn skip(&self, file: &str, error: &str) {
@@ -332,6 +354,11 @@ impl Follower {
     /// Eligible files not seen yet: in name order, or as a Spark file sink's log commits
     /// them.
     fn new_files(&mut self, seen: &mut HashSet<String>) -> Vec<String> {
+        let entries = std::fs::read_dir(&self.read.dir);
+        self.counts.listed(entries.as_ref().err());
+        let Ok(entries) = entries else {
+            return Vec::new();
+        };
         if self.spark.is_none() {
             self.spark = SparkLog::find(&self.read.dir);
         }
@@ -352,9 +379,6 @@ impl Follower {
             }
             return names;
         }
-        let Ok(entries) = std::fs::read_dir(&self.read.dir) else {
-            return Vec::new();
-        };
         let mut names = Vec::new();
         for entry in entries.filter_map(|e| e.ok()) {
             let folder = entry.file_type().is_ok_and(|t| t.is_dir());
