@@ -213,7 +213,8 @@ def test_a_server_out_of_file_descriptors_waits_and_serves_again(data, port):
     left (an HTTP/2 preface and nothing else on the Flight port, nothing at all on the
     metrics port) used to make both accept loops retry the failing accept at once, at
     100-200% CPU: the server now pauses after a failed accept, closes metrics
-    connections after 10 s, and serves the next trainer once descriptors are free."""
+    connections after 10 s, and serves the next trainer once descriptors are free (a
+    run that found none to read its input with is UNAVAILABLE: the trainer retries)."""
     path, state = data
 
     def few_files():
@@ -249,7 +250,21 @@ def test_a_server_out_of_file_descriptors_waits_and_serves_again(data, port):
         for sock in held:
             sock.close()
         held.clear()
-        rows = sum(b.rows - b.padded_rows for b in Client(s.uri).batches("criteo", 0, 1))
+        # Until the server has closed its side of them, a run may still find no
+        # descriptor to read its input with: that is UNAVAILABLE (retry), never
+        # FAILED_PRECONDITION (which says the input must be mended first).
+        for _ in range(20):
+            try:
+                batches = Client(s.uri).batches("criteo", 0, 1)
+                rows = sum(b.rows - b.padded_rows for b in batches)
+                break
+            except (HydrantError, flight.FlightError) as e:
+                cause = e.__cause__ if isinstance(e, HydrantError) else e
+                assert isinstance(cause, flight.FlightUnavailableError), repr(e)
+                assert "retry" in str(e), str(e)
+                time.sleep(0.5)
+        else:
+            raise AssertionError("no retry was served")
         assert rows == ROWS
         assert s.proc.poll() is None
     finally:

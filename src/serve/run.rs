@@ -226,6 +226,13 @@ impl Run {
         };
         let text = format!("pipeline failed: {failure}");
         Some(match self.errors.origin().as_deref() {
+            // Out of file descriptors or memory while reading: the input is fine, and a
+            // new run (the trainer's retry) can read it once the server has them again.
+            Some(origin::INPUT | origin::SOURCE) if out_of_resources(&failure) => {
+                ServeError::Unavailable(format!(
+                    "{text} (the server ran short of file descriptors or memory: retry)"
+                ))
+            }
             Some(origin::INPUT | origin::SOURCE) => ServeError::FailedPrecondition(text),
             Some(origin::CLUSTER) => ServeError::Unavailable(text),
             _ => ServeError::Internal(text),
@@ -398,6 +405,15 @@ impl Run {
             }).collect::<Vec<_>>(),
         })
     }
+}
+
+/// Whether `failure` says an OS call ran out of file descriptors or memory (std's
+/// `io::Error` ends its text with `(os error N)`; by then the error has been made text by
+/// the Parquet and Arrow readers it came through).
+pub(super) fn out_of_resources(failure: &str) -> bool {
+    [libc::EMFILE, libc::ENFILE, libc::ENOMEM]
+        .iter()
+        .any(|code| failure.contains(&format!("(os error {code})")))
 }
 
 impl Drop for Run {

@@ -208,3 +208,20 @@ async fn a_waiting_reader_lets_go_of_unread_ranks_of_its_epoch_and_before() {
     assert!(r2.drain_if_unread(0).is_some() && r2.drain_if_unread(1).is_some());
     assert!(catching_up.drain_if_unread(1).is_some());
 }
+
+/// A run that could not read its input for want of file descriptors or memory is told as
+/// such (UNAVAILABLE: a retry can work), by the OS error std's text ends with.
+#[test]
+fn running_out_of_descriptors_or_memory_is_told_apart_from_bad_input() {
+    use super::run::out_of_resources;
+    assert!(out_of_resources(
+        "source: input a.parquet: Parquet argument error: External: Too many open files (os error 24)"
+    ));
+    assert!(out_of_resources("Cannot allocate memory (os error 12)"));
+    assert!(out_of_resources(
+        "Too many open files in system (os error 23)"
+    ));
+    assert!(!out_of_resources("No such file or directory (os error 2)"));
+    assert!(!out_of_resources("(os error 240)"));
+    assert!(!out_of_resources("is 10 bytes, 20 when it was opened"));
+}
