@@ -533,3 +533,60 @@ fn a_state_is_checked_against_its_version_and_invariants() {
         assert!(err.contains("not a regular file"), "{path}: {err}");
     }
 }
+
+/// An output named like something the command reads (the input, the pipeline, the
+/// state; a sink folder that is or holds an input) is refused before anything runs, and
+/// what was read is left as it was: these used to be overwritten, exit 0. So is a
+/// summary whose folder does not exist, which used to fail only after the whole job.
+#[test]
+fn outputs_that_would_overwrite_what_is_read_are_refused_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, state) = folder_with_state(dir.path(), &[1_000], 61);
+    let pipeline = dir.path().join("p.toml");
+    std::fs::copy(criteo_toml(), &pipeline).unwrap();
+    let part = input.join("part-0.parquet");
+    let bytes = |p: &Path| std::fs::read(p).unwrap();
+    let before = [bytes(&part), bytes(&state), bytes(&pipeline)];
+    let (p, i, s) = (
+        pipeline.to_str().unwrap(),
+        input.to_str().unwrap(),
+        state.to_str().unwrap(),
+    );
+    let run = ["run", "--pipeline", p, "--input", i, "--state", s];
+    let part_s = part.to_str().unwrap();
+    let sink = format!("parquet:{i}");
+    for (args, needle) in [
+        (
+            vec!["--summary", part_s],
+            "is a data file of the --input folder",
+        ),
+        (vec!["--summary", s], "is the --state this command reads"),
+        (vec!["--summary", p], "is the --pipeline this command reads"),
+        (vec!["--sink", &sink], "is the --input"),
+        (
+            vec!["--summary", "no/such/folder/s.json"],
+            "its folder does not exist",
+        ),
+    ] {
+        let err = err_within(Duration::from_secs(10), &[&run[..], &args[..]].concat());
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let parent = format!("parquet:{}", dir.path().display());
+    let err = err_within(
+        Duration::from_secs(10),
+        &[&run[..], &["--sink", &parent]].concat(),
+    );
+    assert!(err.contains("holds the --input"), "{err}");
+    let fit = ["fit", "--pipeline", p, "--input", i, "--out", p];
+    let err = err_within(Duration::from_secs(10), &fit);
+    assert!(
+        err.contains("--out") && err.contains("is the --pipeline"),
+        "{err}"
+    );
+    assert_eq!(before, [bytes(&part), bytes(&state), bytes(&pipeline)]);
+    assert_eq!(
+        std::fs::read_dir(&input).unwrap().count(),
+        1,
+        "nothing written into it"
+    );
+}

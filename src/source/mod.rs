@@ -487,6 +487,23 @@ pub(crate) fn with_row_id(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
+/// Whether a folder given as `--input` reads the file at `path`: a `.parquet`, `.arrow`,
+/// `.ipc` or `.feather` file that is neither hidden nor `_`-prefixed (`.part-0.crc`,
+/// `_SUCCESS` and `_metadata` are not data, as Spark and pyarrow.dataset treat them).
+pub fn is_data_file(path: &Path) -> bool {
+    is_data(path)
+        && path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e, "parquet" | "arrow" | "ipc" | "feather"))
+}
+
+/// Whether `path`'s name is not hidden or `_`-prefixed, as data's are.
+fn is_data(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str());
+    name.is_some_and(|n| !n.starts_with('.') && !n.starts_with('_'))
+}
+
 /// A path as the files it names: itself, or a folder's data files in name order.
 fn expand(path: &Path) -> Result<Vec<PathBuf>> {
     let meta = std::fs::metadata(path).map_err(|e| Error::Input {
@@ -496,13 +513,6 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
-    // Hidden and `_`-prefixed files (`.part-0.crc`, `_SUCCESS`, `_metadata`) are not data,
-    // as Spark and pyarrow.dataset treat them.
-    let data = |p: &Path| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| !n.starts_with('.') && !n.starts_with('_'))
-    };
     let entries: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(|e| Error::Input {
             path: path.into(),
@@ -512,7 +522,10 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     // A folder is read one level deep. Its sub-folders' rows (a partitioned layout, say)
     // would otherwise be left out without a word.
-    let mut folders: Vec<&PathBuf> = entries.iter().filter(|p| p.is_dir() && data(p)).collect();
+    let mut folders: Vec<&PathBuf> = entries
+        .iter()
+        .filter(|p| p.is_dir() && is_data(p))
+        .collect();
     folders.sort();
     if let Some(folder) = folders.first() {
         let name = folder.file_name().unwrap_or_default().to_string_lossy();
@@ -526,13 +539,7 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>> {
     }
     let mut files: Vec<PathBuf> = entries
         .into_iter()
-        .filter(|p| {
-            p.is_file()
-                && data(p)
-                && p.extension()
-                    .and_then(|e| e.to_str())
-                    .is_some_and(|e| matches!(e, "parquet" | "arrow" | "ipc" | "feather"))
-        })
+        .filter(|p| p.is_file() && is_data_file(p))
         .collect();
     files.sort();
     if files.is_empty() {

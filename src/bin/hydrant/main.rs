@@ -16,12 +16,14 @@ use hydrant::sink::SinkSpec;
 use hydrant::{Cluster, ClusterSecret, Pipeline, RunOptions};
 use hydrant::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use outputs::{Written, check_output};
 use serde_json::json;
 use serve::ServeArgs;
 
 mod args;
 mod demo;
 mod follow;
+mod outputs;
 mod serve;
 
 use args::{
@@ -306,6 +308,10 @@ fn dispatch(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Fit { common, out } => {
+            let reads = files_read(&common, None, None);
+            let shown = format!("--out {}", out.display());
+            check_output(&shown, &out, Written::File, &reads)
+                .map_err(|e| told_peers(&common, e))?;
             let pipeline = prepare(&common, None, None).map_err(|e| told_peers(&common, e))?;
             let (spec, cluster) = (pipeline.spec().clone(), pipeline.cluster().clone());
             let report = runtime::execute(pipeline.into_job(), &cluster, || {})?;
@@ -463,7 +469,35 @@ struct Consumed {
     train: Option<TrainReport>,
 }
 
+/// The files and folders a command reads, each with the flag that named it.
+fn files_read<'a>(
+    common: &'a Common,
+    state: Option<&'a Path>,
+    follow: Option<&'a Path>,
+) -> Vec<(&'static str, &'a Path)> {
+    let inputs = common.input.iter().map(|i| ("--input", i.as_path()));
+    (inputs.chain([("--pipeline", common.pipeline.as_path())]))
+        .chain(state.map(|s| ("--state", s)))
+        .chain(follow.map(|f| ("--follow", f)))
+        .collect()
+}
+
+/// `run`'s outputs (`--summary`, a Parquet sink's folder), checked before anything runs.
+fn check_run_outputs(args: &RunArgs) -> Result<()> {
+    let reads = files_read(&args.common, args.state.as_deref(), args.follow.as_deref());
+    if let Some(path) = &args.summary {
+        let shown = format!("--summary {}", path.display());
+        check_output(&shown, path, Written::File, &reads)?;
+    }
+    if let Ok(SinkSpec::Parquet(dir)) = args.sink.parse::<SinkSpec>() {
+        let shown = format!("--sink parquet:{}", dir.display());
+        check_output(&shown, &dir, Written::Folder, &reads)?;
+    }
+    Ok(())
+}
+
 fn run(args: &RunArgs) -> Result<serde_json::Value> {
+    check_run_outputs(args).map_err(|e| told_peers(&args.common, e))?;
     if let Some(folder) = &args.follow {
         let summary = follow::run_follow(args, folder)?;
         if let Some(path) = &args.summary {
