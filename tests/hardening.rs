@@ -590,3 +590,80 @@ fn outputs_that_would_overwrite_what_is_read_are_refused_and_lose_nothing() {
         "nothing written into it"
     );
 }
+
+/// A column whose values overflow f64 sums (±1e308) cannot be fitted: `fit` and a `run`
+/// that fits first refuse it with one line naming the step, where `fit` used to write
+/// `"std": null` (JSON has no infinity) that `run` then refused, and `min_max` made 999
+/// of 1,000 values infinite. A constant column fits a std of exactly 0, and
+/// standardizes to 0, where rounding noise used to make it about 1.
+#[test]
+fn statistics_that_overflow_are_refused_and_a_constant_column_standardizes_to_zero() {
+    use arrow::array::{Float32Array, Float64Array};
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    let batch = |x: Vec<f64>| {
+        let label = Float32Array::from(vec![0.0; x.len()]);
+        RecordBatch::try_from_iter([
+            (
+                "label",
+                std::sync::Arc::new(label) as arrow::array::ArrayRef,
+            ),
+            ("x", std::sync::Arc::new(Float64Array::from(x)) as _),
+        ])
+        .unwrap()
+    };
+    let mut huge: Vec<f64> = (0..1000).map(|i| i as f64 / 100.0).collect();
+    (huge[3], huge[4]) = (1e308, -1e308);
+    write_ipc(&p("huge.arrow"), &[batch(huge)], false);
+    write_ipc(&p("const.arrow"), &[batch(vec![0.1; 10_000])], false);
+    for step in ["standardize", "min_max"] {
+        let toml = p(&format!("{step}.toml"));
+        std::fs::write(
+            &toml,
+            format!(
+                "name = \"x\"\nlabel = {{ column = \"label\", type = \"float32\" }}\n\
+                 [[group]]\nname = \"g\"\nkind = \"dense\"\ncolumns = [\"x\"]\n\
+                 steps = [\"{step}\"]\n"
+            ),
+        )
+        .unwrap();
+        let (toml, out) = (toml.to_str().unwrap(), p("s.json"));
+        let huge = p("huge.arrow");
+        let fit = ["fit", "--pipeline", toml, "--input", huge.to_str().unwrap()];
+        let err = err_within(
+            Duration::from_secs(10),
+            &[&fit[..], &["--out", out.to_str().unwrap()]].concat(),
+        );
+        assert!(
+            err.contains("`g/x/0`") && err.contains("too large to fit"),
+            "{step}: {err}"
+        );
+        assert!(!out.exists(), "no state is written");
+        let run = run_of(Path::new(toml), &huge, &[]);
+        let err = err_within(Duration::from_secs(10), &run);
+        assert!(err.contains("too large to fit"), "{step}: {err}");
+    }
+    let (toml, constant) = (p("standardize.toml"), p("const.arrow"));
+    let sink = format!("parquet:{}", p("out").display());
+    hydrant_ok(&run_of(&toml, &constant, &["--sink", &sink]));
+    let mut values = Vec::new();
+    for part in std::fs::read_dir(p("out")).unwrap() {
+        let file = std::fs::File::open(part.unwrap().path()).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(file, 1024);
+        for b in reader.unwrap() {
+            let b = b.unwrap();
+            let dense = b.column_by_name("g").unwrap();
+            let list = dense
+                .as_any()
+                .downcast_ref::<arrow::array::FixedSizeListArray>()
+                .unwrap();
+            let f = list
+                .values()
+                .as_any()
+                .downcast_ref::<Float32Array>()
+                .unwrap();
+            values.extend(f.values().iter().copied());
+        }
+    }
+    assert!(values.len() >= 10_000 && values.iter().all(|&v| v == 0.0));
+}

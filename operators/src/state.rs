@@ -150,8 +150,8 @@ impl FittedState {
         Ok(state)
     }
 
-    /// Checks every parameter: finite numbers, `std >= 0`, `min <= max`, ascending
-    /// boundaries, distinct vocabulary values.
+    /// Checks every parameter: finite numbers, `std >= 0`, `min <= max` with a finite
+    /// `max - min`, ascending boundaries, distinct vocabulary values.
     pub fn check(&self) -> Result<()> {
         for (key, param) in &self.params {
             let bad = |reason: &str| {
@@ -167,8 +167,11 @@ impl FittedState {
                     }
                 }
                 FittedParam::MinMax { min, max } => {
-                    if !min.is_finite() || !max.is_finite() || min > max {
-                        return bad("min_max needs finite min <= max");
+                    // Their difference scales every value: an infinite one (min -1e308,
+                    // max 1e308) would make them all infinite or NaN.
+                    if !min.is_finite() || !max.is_finite() || min > max || !(max - min).is_finite()
+                    {
+                        return bad("min_max needs finite min <= max, a finite distance apart");
                     }
                 }
                 FittedParam::Quantiles { boundaries } => {

@@ -17,6 +17,11 @@ pub struct Moments {
     pub mean: f64,
     /// Sum of squared deviations from the mean.
     pub m2: f64,
+    /// The one value seen, while every value seen is the same: a constant column then
+    /// fits its exact mean and a std of exactly 0, where the sums leave rounding noise
+    /// (0.1 ten thousand times gave std 2.3e-16, which standardized 0.1 to 1.01).
+    #[serde(default)]
+    pub same: Option<f64>,
 }
 
 /// Sums `f(v)` over `values` in eight independent lanes: a plain `sum` is one chain of
@@ -44,10 +49,14 @@ impl Moments {
         let n = values.len() as f64;
         let mean = lane_sum(values, |v| v) / n;
         let m2 = lane_sum(values, |v| (v - mean) * (v - mean));
+        // Stops at the first value that differs: one compare for most chunks.
+        let first = values[0];
+        let same = values.iter().all(|&v| v == first).then_some(first);
         self.merge(&Moments {
             count: values.len() as u64,
             mean,
             m2,
+            same,
         });
     }
 
@@ -66,11 +75,17 @@ impl Moments {
         self.mean += delta * nb / n;
         self.m2 += other.m2 + delta * delta * na * nb / n;
         self.count += other.count;
+        self.same = self.same.filter(|&v| other.same == Some(v));
     }
 
-    /// Population standard deviation (0 when nothing was seen).
+    /// The mean: exactly the value seen, where only one value was.
+    pub fn mean(&self) -> f64 {
+        self.same.unwrap_or(self.mean)
+    }
+
+    /// Population standard deviation (0 when nothing was seen, or only one value).
     pub fn std(&self) -> f64 {
-        if self.count == 0 {
+        if self.count == 0 || self.same.is_some() {
             0.0
         } else {
             (self.m2 / self.count as f64).sqrt()
@@ -435,7 +450,7 @@ impl Partial {
     pub fn finish(self) -> FittedParam {
         match self {
             Partial::Moments(m) => FittedParam::Standardize {
-                mean: m.mean,
+                mean: m.mean(),
                 std: m.std(),
             },
             Partial::MinMax(mm) => {
@@ -492,6 +507,36 @@ mod tests {
             );
         }
         assert_eq!(Moments::default().std(), 0.0);
+    }
+
+    /// A constant column fits exactly its value and a std of 0, in any grouping, where
+    /// the sums alone left rounding noise (std 2.3e-16 for 0.1, which standardized it to
+    /// 1.01 and any other data by 4e15); a column with one other value does not.
+    #[test]
+    fn a_constant_column_fits_its_value_and_no_spread() {
+        for v in [0.1, 0.3, 1000.1, -7.25] {
+            let values = vec![v; 10_000];
+            let mut noisy = Moments::default();
+            noisy.add(&values[..3_333]);
+            let mut rest = Moments::default();
+            for chunk in values[3_333..].chunks(1_000) {
+                rest.add(chunk);
+            }
+            noisy.merge(&rest);
+            let fitted = Partial::Moments(noisy).finish();
+            assert_eq!(
+                fitted,
+                FittedParam::Standardize { mean: v, std: 0.0 },
+                "{v}"
+            );
+        }
+        let mut two = Moments::default();
+        two.add(&[0.1; 100]);
+        two.add(&[0.2]);
+        assert!(two.same.is_none() && two.std() > 0.0);
+        let mut nan = Moments::default();
+        nan.add(&[f64::NAN, f64::NAN]);
+        assert!(nan.same.is_none());
     }
 
     #[test]

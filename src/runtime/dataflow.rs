@@ -599,5 +599,14 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
             params.extend(finished.map_err(Error::Dataflow)?);
         }
     }
-    Ok(FittedState::new(plan.pipeline(), params))
+    let state = FittedState::new(plan.pipeline(), params);
+    // Values whose sums or spread overflow f64 (±1e308) fit infinite statistics, which
+    // would scale every value to infinity and which no state file can hold (JSON has no
+    // infinity: it was written as `null`, and then refused when read).
+    state.check().map_err(|e| {
+        Error::Dataflow(format!(
+            "fit: {e}: the column's values are too large to fit (clip or rescale them)"
+        ))
+    })?;
+    Ok(state)
 }
