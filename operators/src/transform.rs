@@ -9,11 +9,11 @@ use arrow::array::{
     UInt64Array,
 };
 use arrow::compute::cast;
-use arrow::datatypes::{DataType, Field, Float32Type, Int64Type};
+use arrow::datatypes::{DataType, Field, Int64Type};
 
 use crate::bind::{bind_numeric, column, numeric_values, param, wrong_param};
 use crate::error::{OpError, Result};
-use crate::group::{GroupKind, LabelSpec};
+use crate::group::GroupKind;
 use crate::kernels::categorical::{DictCache, Lookup, VocabIndex, one_hot, strings_to_index};
 use crate::kernels::numeric::{NumOp, chain_to_bucket, chain_to_f32};
 use crate::plan::{FeaturePlan, ROW_ID, Source};
@@ -22,6 +22,10 @@ use crate::step::Step;
 use crate::vocabulary::Vocabulary;
 
 mod into;
+mod label;
+
+pub use label::check_labels;
+use label::label_values;
 
 pub use into::{Featurized, RowTargets, row_bytes, value_bytes};
 
@@ -218,13 +222,8 @@ impl Transformer {
             .ok_or_else(|| OpError::Schema(format!("no UInt64 `{ROW_ID}` column")))?;
         let mut out: Vec<ArrayRef> = vec![row_id.clone()];
         if let Some(label) = &self.plan.label {
-            let values = cast(
-                column(batch, "label", &label.column)?,
-                &label.dtype.data_type(),
-            )?;
             let row_ids: &UInt64Array = row_id.as_primitive();
-            check_label(&label.column, &values, |k| row_ids.value(k))?;
-            out.push(values);
+            out.push(label_values(batch, label, |k| row_ids.value(k))?);
         }
         for (g, cols) in self.plan.groups.iter().zip(&mut self.columns) {
             let width = g.width;
@@ -342,43 +341,6 @@ fn row_blocks<'a, T>(
                 out,
             ),
         }))
-}
-
-/// Checks the labels of `batch` (input rows, numbered from `first_row`) as
-/// [`Transformer::apply`] does, without featurizing them: for input that is acknowledged
-/// before it can be featurized (rows held until a first state is fitted).
-pub fn check_labels(label: &LabelSpec, batch: &RecordBatch, first_row: u64) -> Result<()> {
-    let values = cast(
-        column(batch, "label", &label.column)?,
-        &label.dtype.data_type(),
-    )?;
-    check_label(&label.column, &values, |k| {
-        first_row.saturating_add(k as u64)
-    })
-}
-
-/// Fails on the first label a trainer could not use: a null, or (for float labels) NaN or
-/// an infinity, which would turn every loss it reaches into NaN. Labels are not imputed:
-/// a row without a usable label is the data's fault, and is named by its row id.
-fn check_label(column: &str, values: &ArrayRef, row_id: impl Fn(usize) -> u64) -> Result<()> {
-    let bad = |k: usize, what: &str| {
-        Err(OpError::BadLabel {
-            column: column.to_string(),
-            row_id: row_id(k),
-            reason: what.to_string(),
-        })
-    };
-    if let Some(nulls) = values.logical_nulls().filter(|n| n.null_count() > 0)
-        && let Some(k) = (0..nulls.len()).find(|&k| nulls.is_null(k))
-    {
-        return bad(k, "is null");
-    }
-    if let Some(floats) = values.as_primitive_opt::<Float32Type>()
-        && let Some(k) = floats.values().iter().position(|v| !v.is_finite())
-    {
-        return bad(k, &format!("is {}", floats.value(k)));
-    }
-    Ok(())
 }
 
 /// A ready tensor column, checked to be a non-null list of the group's item type.
@@ -524,8 +486,9 @@ mod tests {
     use arrow::datatypes::Schema;
 
     use super::*;
-    use crate::group::LabelType;
+    use crate::group::{LabelSpec, LabelType};
     use crate::state::FittedState;
+    use arrow::datatypes::Float32Type;
 
     /// A transformer of a label alone, of `dtype`, over a batch of rows 10, 11, ...
     fn labelled(label: ArrayRef, dtype: LabelType) -> Result<RecordBatch> {
@@ -565,11 +528,28 @@ mod tests {
                 LabelType::Float32,
                 "is -inf at row_id 10",
             ),
-            // Too big for float32: the cast makes it infinite.
+            // Too big for float32: the cast made it infinite, and it was named "inf".
             (
                 Arc::new(Float64Array::from(vec![0.0, 1e300])),
                 LabelType::Float32,
-                "is inf at row_id 11",
+                "is 1e300, beyond the range of float32 labels at row_id 11",
+            ),
+            // A class index with a fraction: the cast dropped it, silently.
+            (
+                Arc::new(Float64Array::from(vec![1.0, 0.9, -2.7])),
+                LabelType::Int64,
+                "is 0.9, not a whole number, as int64 labels (class indices) must be at row_id 11",
+            ),
+            // Values int64 cannot hold: the cast made them null, and they were named so.
+            (
+                Arc::new(Float64Array::from(vec![2.0, f64::NAN])),
+                LabelType::Int64,
+                "is NaN, which int64 labels cannot hold at row_id 11",
+            ),
+            (
+                Arc::new(UInt64Array::from(vec![3, (1 << 63) + 5])),
+                LabelType::Int64,
+                "is 9223372036854775813, which int64 labels cannot hold at row_id 11",
             ),
             (
                 Arc::new(Int32Array::from(vec![Some(1), Some(0), None])),

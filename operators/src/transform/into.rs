@@ -19,11 +19,9 @@
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::buffer::Buffer;
-use arrow::compute::cast;
 use arrow::datatypes::{DataType, ToByteSlice};
 
-use super::{Bound, Transformer, check_label, dense_values, ids_values, tensor_column};
-use crate::bind::column;
+use super::{Bound, Transformer, dense_values, ids_values, label_values, tensor_column};
 use crate::error::{OpError, Result};
 use crate::group::GroupKind;
 use crate::kernels::rows::{gather, store_fence, stream_out};
@@ -161,11 +159,7 @@ impl Transformer {
         let row_ids = row_id.as_primitive::<arrow::datatypes::UInt64Type>();
         let mut made = vec![Made::shared(row_id.as_ref(), widths[0])?];
         if let Some(label) = &self.plan.label {
-            let values = cast(
-                column(batch, "label", &label.column)?,
-                &label.dtype.data_type(),
-            )?;
-            check_label(&label.column, &values, |k| row_ids.value(k))?;
+            let values = label_values(batch, label, |k| row_ids.value(k))?;
             made.push(Made::shared(values.as_ref(), widths[made.len()])?);
         }
         self.kept.resize_with(self.plan.groups.len(), Kept::default);
