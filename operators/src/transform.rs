@@ -10,6 +10,7 @@ use arrow::array::{
 };
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Int64Type};
+use arrow::util::display::array_value_to_string;
 
 use crate::bind::{bind_numeric, column, numeric_values, param, wrong_param};
 use crate::error::{OpError, Result};
@@ -448,6 +449,13 @@ fn index_column(
         Bound::IntPass => {
             let ints = cast(array, &DataType::Int64)?;
             let ints = ints.as_primitive::<Int64Type>();
+            if let Some(reason) = unusable_id(array, ints) {
+                return Err(OpError::Plan {
+                    group: group.to_string(),
+                    column: c.name.clone(),
+                    reason,
+                });
+            }
             out.copy_from_slice(ints.values());
             if let Some(nulls) = ints.nulls() {
                 out.iter_mut()
@@ -468,6 +476,27 @@ fn index_column(
         Bound::Float(_) | Bound::Tensor => unreachable!("float and tensor columns have no index"),
     }
     Ok(())
+}
+
+/// What makes an integer id column passed through unusable, if anything: a value an
+/// int64 cannot hold (the cast made 2^64 - 1 null, delivered as -1 like a real null), or a
+/// negative one (an embedding index is 0 or more, and -1 is what a null becomes).
+fn unusable_id(input: &ArrayRef, ints: &Int64Array) -> Option<String> {
+    let shown = |k: usize| array_value_to_string(input, k).unwrap_or_default();
+    if ints.null_count() > input.null_count()
+        && let Some(k) = (0..input.len()).find(|&k| input.is_valid(k) && ints.is_null(k))
+    {
+        return Some(format!("holds {}, which an int64 id cannot hold", shown(k)));
+    }
+    // One quick pass; the slow search only where there is something to find.
+    if ints.values().iter().any(|&v| v < 0) {
+        let k = (0..ints.len()).find(|&k| ints.is_valid(k) && ints.value(k) < 0)?;
+        return Some(format!(
+            "holds {}: ids are indices, 0 or more (a null is delivered as -1)",
+            shown(k)
+        ));
+    }
+    None
 }
 
 fn scatter(column: &[i64], width: usize, offset: usize, out: &mut [i64]) {
@@ -508,6 +537,45 @@ mod tests {
         };
         let plan = FeaturePlan::compile("p", &[], Some(&spec), &batch.schema()).unwrap();
         plan.transformer(&FittedState::empty("p"))?.apply(&batch)
+    }
+
+    /// Integer ids passed through (no steps) that an embedding could not take are
+    /// refused with the value, where 2^64 - 1 used to become -1 (a null's marker) and
+    /// negative ids went out as they were; a null is still -1.
+    #[test]
+    fn ids_passed_through_must_be_indices() {
+        use crate::group::{FeatureGroup, GroupKind};
+        let ids = |array: ArrayRef| {
+            let n = array.len() as u64;
+            let schema = Schema::new(vec![
+                Field::new(ROW_ID, DataType::UInt64, false),
+                Field::new("u", array.data_type().clone(), true),
+            ]);
+            let rows = Arc::new(UInt64Array::from_iter_values(0..n));
+            let batch = RecordBatch::try_new(Arc::new(schema), vec![rows, array]).unwrap();
+            let group = FeatureGroup {
+                name: "g".into(),
+                kind: GroupKind::Ids,
+                columns: vec!["u".into()],
+                steps: vec![],
+            };
+            let plan = FeaturePlan::compile("p", &[group], None, &batch.schema()).unwrap();
+            plan.transformer(&FittedState::empty("p"))?.apply(&batch)
+        };
+        let err = ids(Arc::new(UInt64Array::from(vec![5, u64::MAX]))).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("column `u`: holds 18446744073709551615, which an int64 id cannot hold"),
+            "{err}"
+        );
+        let err = ids(Arc::new(Int64Array::from(vec![Some(3), None, Some(-5)]))).unwrap_err();
+        assert!(
+            err.to_string().contains("holds -5: ids are indices"),
+            "{err}"
+        );
+        let ok = ids(Arc::new(Int64Array::from(vec![Some(3), None, Some(0)]))).unwrap();
+        let g = ok.column_by_name("g").unwrap().as_fixed_size_list();
+        assert_eq!(g.values().as_primitive::<Int64Type>().values(), &[3, -1, 0]);
     }
 
     #[test]
