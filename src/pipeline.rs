@@ -89,6 +89,23 @@ impl RunOptions {
                 self.max_batch_bytes
             )));
         }
+        // Every rank of this process holds that much at once: all of them together must
+        // fit the machine, or the kernel's OOM killer ends the job with no line at all.
+        let local = self.ranks.div_ceil(self.cluster.processes.max(1)) as u128;
+        let total = need.saturating_mul(local);
+        if let Some(memory) = physical_memory()
+            && total > memory as u128
+        {
+            return Err(Error::Usage(format!(
+                "--ranks {} ({local} in this process) × --batch-size {} × {row} bytes per row \
+                 × --prefetch {} is {total} bytes of batches in flight, more than this \
+                 machine's {memory} bytes of memory (use fewer ranks a process, or smaller \
+                 batches)",
+                self.ranks,
+                self.batch_size,
+                self.loader.prefetch.max(1),
+            )));
+        }
         Ok(())
     }
 
@@ -134,6 +151,19 @@ impl RunOptions {
             only: None,
         })
     }
+}
+
+/// The machine's physical memory in bytes, where the system says.
+fn physical_memory() -> Option<u64> {
+    // SAFETY: `sysconf` only reads system configuration values.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let (pages, size) = (u64::try_from(pages).ok()?, u64::try_from(size).ok()?);
+    pages.checked_mul(size).filter(|&m| m > 0)
 }
 
 /// Builds a [`Pipeline`] in code. Steps are written as in pipeline files

@@ -151,7 +151,7 @@ fn ranks_beyond_the_threads_to_be_had_are_read_all_the_same() {
     assert!(steps.len() == 100_000 && steps.iter().all(|s| s == 1));
     let err = err_within(
         Duration::from_secs(10),
-        &[&args[..], &["--sink", "train:logreg"]].concat(),
+        &[&args[..], &["--batch-size", "1", "--sink", "train:logreg"]].concat(),
     );
     assert!(err.contains("at most 1024 ranks"), "{err}");
 }
@@ -179,6 +179,18 @@ fn ranks_past_a_process_s_bound_are_refused_and_a_world_of_padding_is_warned() {
              × --batch-size 4096 is 1228800 rows a step, over 2000 input rows"
         ),
         "{stderr}"
+    );
+    // Each rank's batches in flight fit --max-batch-bytes, but all of them together would
+    // take petabytes: refused before anything runs, not ended by the OOM killer.
+    let args = run_of(
+        &toml,
+        Path::new(&input),
+        &["--ranks", "131072", "--batch-size", "1048576"],
+    );
+    let err = err_within(Duration::from_secs(10), &args);
+    assert!(
+        err.contains("(131072 in this process)") && err.contains("bytes of memory"),
+        "{err}"
     );
     // A few rows over a few ranks, as tests and demos run them, is no cause for a warning.
     let out = hydrant(&run_of(&toml, Path::new(&input), &["--ranks", "3"]));
