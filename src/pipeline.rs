@@ -389,6 +389,13 @@ impl Pipeline {
         options: RunOptions,
     ) -> Result<Self> {
         let spec = PipelineSpec::from_file(pipeline)?;
+        if inputs.is_empty() && spec.input == crate::InputKind::Flight {
+            return Err(Error::Usage(format!(
+                "pipeline `{}` takes pushed input (input = \"flight\"): serve it with \
+                 `hydrant serve`, which takes its rows over DoPut, or give --input files",
+                spec.name
+            )));
+        }
         let loaded = Instant::now();
         let fitted = state.map(read_state).transpose()?;
         let mut p = Pipeline::new(spec, inputs, fitted, options).map_err(|e| match (e, state) {

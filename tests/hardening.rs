@@ -679,3 +679,29 @@ fn statistics_that_overflow_are_refused_and_a_constant_column_standardizes_to_ze
     }
     assert!(values.len() >= 10_000 && values.iter().all(|&v| v == 0.0));
 }
+
+/// A pipeline that takes pushed input, given to `run` or `fit` without files, says where
+/// its rows come from instead of only "no --input given".
+#[test]
+fn a_pushed_pipeline_without_files_says_it_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("pushed.toml");
+    std::fs::write(
+        &toml,
+        "name = \"pushed\"\ninput = \"flight\"\n[[group]]\nname = \"d\"\nkind = \"dense\"\n\
+         columns = [\"x\"]\nsteps = [\"standardize\"]\n",
+    )
+    .unwrap();
+    let toml = toml.to_str().unwrap();
+    for command in ["run", "fit"] {
+        let mut args = vec![command, "--pipeline", toml];
+        if command == "fit" {
+            args.extend(["--out", "unused.json"]);
+        }
+        let err = err_within(Duration::from_secs(10), &args);
+        assert!(
+            err.contains("pipeline `pushed` takes pushed input") && err.contains("hydrant serve"),
+            "{command}: {err}"
+        );
+    }
+}
