@@ -192,6 +192,43 @@ impl FeaturePlan {
         &self.pipeline
     }
 
+    /// Each fitted step's chain up to and including it, by parameter key (see
+    /// [`FittedState::chains`](crate::FittedState::chains)).
+    pub fn fitted_chains(&self) -> std::collections::BTreeMap<String, String> {
+        let mut chains = std::collections::BTreeMap::new();
+        for g in &self.groups {
+            let steps = &g.spec.steps;
+            for (at, _) in steps.iter().enumerate().filter(|(_, s)| s.is_fitted()) {
+                let chain: Vec<String> = steps[..=at].iter().map(|s| s.to_string()).collect();
+                for c in &g.columns {
+                    let key = crate::FittedState::key(&g.spec.name, &c.name, at);
+                    chains.insert(key, chain.join(", "));
+                }
+            }
+        }
+        chains
+    }
+
+    /// Fails where `state` was fitted on another chain than this plan's before a fitted
+    /// step (a changed `fill_null`, a step added before `standardize`): its statistics
+    /// describe other values. Keys the state has no chain for are not checked.
+    pub fn check_chains(&self, state: &crate::FittedState) -> Result<()> {
+        if state.chains.is_empty() {
+            return Ok(());
+        }
+        for (key, now) in self.fitted_chains() {
+            if let Some(then) = state.chains.get(&key)
+                && then != &now
+            {
+                return Err(OpError::State(format!(
+                    "`{key}` was fitted after `{then}`, and the pipeline now has `{now}`: \
+                     refit it (hydrant fit)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The input columns the plan reads, label first.
     pub fn input_columns(&self) -> Vec<String> {
         let mut cols: Vec<String> = self.label.iter().map(|l| l.column.clone()).collect();
@@ -382,6 +419,50 @@ mod tests {
             cols,
             steps.iter().map(|s| Step::parse(s).unwrap()).collect(),
         )
+    }
+
+    /// A state fitted on one chain is refused by a plan whose chain before a fitted step
+    /// differs, and taken by one that differs only after it; a state with no chains
+    /// recorded (written before they were) is not checked.
+    #[test]
+    fn a_state_fitted_on_another_chain_is_refused() {
+        let compile = |steps: &[&str]| {
+            let g = group(GroupKind::Dense, &["x"], steps);
+            FeaturePlan::compile("p", &[g], None, &schema()).unwrap()
+        };
+        let fitted = compile(&["fill_null(0)", "standardize"]);
+        let params = [(
+            crate::FittedState::key("g", "x", 1),
+            crate::FittedParam::Standardize {
+                mean: 1.0,
+                std: 2.0,
+            },
+        )];
+        let state = crate::FittedState::new("p", params.into_iter().collect());
+        let recorded = state.clone().with_chains(fitted.fitted_chains());
+        assert_eq!(
+            recorded.chains["g/x/1"], "fill_null(0), standardize",
+            "{recorded:?}"
+        );
+        assert!(fitted.transformer(&recorded).is_ok());
+        let changed = compile(&["fill_null(1000)", "standardize"]);
+        let err = changed.transformer(&recorded).err().unwrap().to_string();
+        assert!(
+            err.contains(
+                "`g/x/1` was fitted after `fill_null(0), standardize`, and the pipeline \
+                 now has `fill_null(1000), standardize`"
+            ),
+            "{err}"
+        );
+        assert!(
+            changed.transformer(&state).is_ok(),
+            "no chains: not checked"
+        );
+        let after = compile(&["fill_null(0)", "standardize", "clip(-3, 3)"]);
+        assert!(
+            after.transformer(&recorded).is_ok(),
+            "a step after it changes nothing"
+        );
     }
 
     #[test]

@@ -74,6 +74,12 @@ pub struct FittedState {
     pub version: u64,
     /// Parameters by `group/column/step` (the step's position in the group's chain).
     pub params: BTreeMap<String, FittedParam>,
+    /// What each parameter was fitted on, by the same keys: its chain up to and including
+    /// the fitted step, as the pipeline writes it (`fill_null(0), log1p, standardize`). A
+    /// pipeline whose chain differs there is refused: the statistics describe other
+    /// values. States written before this was kept have none, and are not checked.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub chains: BTreeMap<String, String>,
 }
 
 impl FittedState {
@@ -85,7 +91,15 @@ impl FittedState {
             pipeline: pipeline.to_string(),
             version,
             params,
+            chains: BTreeMap::new(),
         }
+    }
+
+    /// This state, recording `chains` as what its parameters were fitted on (see
+    /// [`FittedState::chains`]); its version, the hash of its parameters, is unchanged.
+    pub fn with_chains(mut self, chains: BTreeMap<String, String>) -> Self {
+        self.chains = chains;
+        self
     }
 
     /// An empty state, for pipelines (or fit stages) with nothing fitted yet.

@@ -75,6 +75,7 @@ impl FeaturePlan {
                 state.pipeline, self.pipeline
             )));
         }
+        self.check_chains(state)?;
         // Vocabularies are the slow part (a hash-map entry per value): built on every core
         // first, then taken in the same column order below.
         let mut vocabs = self.build_vocabs(state).into_iter();

@@ -599,7 +599,7 @@ fn fit(worker: &mut Worker, job: &Job, errors: &ErrorSlot) -> Result<FittedState
             params.extend(finished.map_err(Error::Dataflow)?);
         }
     }
-    let state = FittedState::new(plan.pipeline(), params);
+    let state = FittedState::new(plan.pipeline(), params).with_chains(plan.fitted_chains());
     // Values whose sums or spread overflow f64 (±1e308) fit infinite statistics, which
     // would scale every value to infinity and which no state file can hold (JSON has no
     // infinity: it was written as `null`, and then refused when read).

@@ -127,6 +127,8 @@ fn snapshot_file(seq: u64) -> String {
 pub(super) struct Refresh {
     spec: StatsSpec,
     pipeline: String,
+    /// What each version's parameters are fitted on (see `FittedState::chains`).
+    chains: BTreeMap<String, String>,
     /// Counts the rows since the last refresh point.
     counter: Counter,
     /// Vocabularies that are full: no longer counted.
@@ -211,6 +213,7 @@ impl Refresh {
             next_at: spec.warmup(),
             spec: spec.clone(),
             pipeline,
+            chains: plan.fitted_chains(),
             counter,
             full: Vec::new(),
             total: FitPartial::default(),
@@ -419,7 +422,8 @@ impl Refresh {
         let prev = self.versions.back().map_or(empty, |v| v.state.clone());
         let mut params = BTreeMap::new();
         self.total.clone().finish_after(&prev, &mut params);
-        let state = Arc::new(FittedState::new(&self.pipeline, params));
+        let state =
+            Arc::new(FittedState::new(&self.pipeline, params).with_chains(self.chains.clone()));
         let first = self.versions.is_empty();
         let seq = lock(&self.known).made;
         let version = Version {
@@ -527,7 +531,7 @@ fn with_unknown(state: FittedState, unknown: &BTreeMap<String, u64>) -> FittedSt
             };
         }
     }
-    FittedState::new(&state.pipeline, params)
+    FittedState::new(&state.pipeline, params).with_chains(state.chains)
 }
 
 /// Appends the part of `batch` (rows from `pos`) at or after `deliver_from` to `out`.
