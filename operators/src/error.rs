@@ -23,6 +23,14 @@ pub enum OpError {
         /// What is wrong.
         reason: String,
     },
+    /// The pipeline's label does not fit the input.
+    #[error("label column `{column}`: {reason}")]
+    Label {
+        /// The label's input column.
+        column: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The fitted state lacks something a step needs, or does not match the pipeline.
     #[error("fitted state: {0}")]
     State(String),

@@ -154,22 +154,18 @@ impl FeaturePlan {
             });
         }
         if let Some(label) = label {
+            let bad = |reason: String| OpError::Label {
+                column: label.column.clone(),
+                reason,
+            };
             let field = input.field_with_name(&label.column).map_err(|_| {
-                OpError::plan(
-                    "label",
-                    &label.column,
-                    format!(
-                        "no such column in the input (it has: {})",
-                        field_names(input)
-                    ),
-                )
+                bad(format!(
+                    "no such column in the input (it has: {})",
+                    field_names(input)
+                ))
             })?;
             if !matches!(source_of(field.data_type()), Some(Source::Numeric { .. })) {
-                return Err(OpError::plan(
-                    "label",
-                    &label.column,
-                    format!("type {} is not numeric", field.data_type()),
-                ));
+                return Err(bad(format!("type {} is not numeric", field.data_type())));
             }
         }
         let output = output_schema(&plans, label);
@@ -581,5 +577,18 @@ mod tests {
         assert_eq!(plan.fit_passes(), 2);
         assert_eq!(plan.input_columns(), ["n", "x", "s"]);
         assert_eq!(plan.string_columns(), ["s"]);
+        // A label column that is missing, or not a number, is named as the label's.
+        for (column, needle) in [("zzz", "no such column"), ("s", "type Utf8 is not numeric")] {
+            let label = LabelSpec {
+                column: column.into(),
+                dtype: LabelType::Float32,
+            };
+            let err = FeaturePlan::compile("p", &groups, Some(&label), &schema()).err();
+            let err = err.unwrap().to_string();
+            assert!(
+                err.starts_with(&format!("label column `{column}`: {needle}")),
+                "{err}"
+            );
+        }
     }
 }

@@ -84,7 +84,10 @@ impl Step {
             "min_max" => args.none(Step::MinMax)?,
             "clip" => {
                 let [lo, hi] = args.positional::<2>()?;
-                if lo.is_nan() || hi.is_nan() || lo > hi {
+                if lo.is_nan() || hi.is_nan() {
+                    return Err(bad("needs numbers for its bounds, not NaN"));
+                }
+                if lo > hi {
                     return Err(bad("needs lo <= hi"));
                 }
                 Step::Clip(lo, hi)
@@ -324,6 +327,7 @@ mod tests {
         for (text, needle) in [
             ("frobnicate", "unknown step"),
             ("clip(3, -3)", "lo <= hi"),
+            ("clip(nan, 3)", "not NaN"),
             ("clip(1)", "takes 2"),
             ("fill_null", "takes 1"),
             ("fill_null(x)", "not a number"),
