@@ -199,6 +199,9 @@ impl<T: Send + 'static> Started<T> {
     }
 }
 
+/// How long a join waits before it says what it waits for.
+const WAIT_NOTE: Duration = Duration::from_secs(5);
+
 fn default_address(p: usize) -> String {
     format!("localhost:{}", 2101 + p)
 }
@@ -235,7 +238,9 @@ fn join(
     // that did not prove the secret, or its port not answering as a peer.
     let mut seen: Vec<Option<&str>> = vec![None; n];
     let mut greeting: Vec<Greeting> = Vec::new();
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let mut told_waiting = false;
     loop {
         for p in 0..me {
             for (slot, hello) in [(&mut sockets[p], HELLO), (&mut beats[p], HELLO_BEAT)] {
@@ -289,6 +294,20 @@ fn join(
                 .filter_map(|(p, s)| Some((p, s?)))
                 .collect();
             return Ok((sockets, beats));
+        }
+        // A process started alone (a missing --hostfile, a peer not launched) says what it
+        // waits for, once, rather than nothing until the timeout.
+        if !told_waiting && started.elapsed() >= WAIT_NOTE {
+            told_waiting = true;
+            let who: Vec<String> = missing
+                .iter()
+                .map(|&p| format!("{p} ({})", addresses[p]))
+                .collect();
+            hydrant_operators::log_line!(
+                "hydrant: process {me}: waiting for process(es) {} to join (at most {} s)",
+                who.join(", "),
+                timeout.as_secs()
+            );
         }
         if Instant::now() >= deadline {
             let who: Vec<String> = missing
