@@ -49,9 +49,9 @@ def free_port():
     raise RuntimeError(f"no free loopback port below {low}")
 
 
-@pytest.fixture
-def cluster(data, tmp_path):
-    """Two `hydrant serve` processes of one cluster; their ready lines, by process."""
+def start_cluster(data, tmp_path, batch):
+    """Two `hydrant serve` processes of one cluster, serving WORLD ranks of `batch` rows,
+    and their ready lines, by process."""
     path, state = data
     hosts = tmp_path / "hosts"
     hosts.write_text("".join(f"127.0.0.1:{free_port()}\n" for _ in range(2)))
@@ -59,7 +59,7 @@ def cluster(data, tmp_path):
         subprocess.Popen(
             [str(BIN), "serve", "--listen", "127.0.0.1:0", "--pipeline", str(PIPELINE),
              "--input", str(path), "--state", str(state), "--ranks", str(WORLD),
-             "--batch-size", str(BATCH), "--workers", "1", "--processes", "2",
+             "--batch-size", str(batch), "--workers", "1", "--processes", "2",
              "--process", str(p), "--hostfile", str(hosts)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -71,8 +71,17 @@ def cluster(data, tmp_path):
     for p in procs:
         line = p.stdout.readline()
         if not line:
+            for q in procs:
+                q.kill()
             raise RuntimeError("hydrant serve did not start: " + p.stderr.read())
         ready.append(json.loads(line))
+    return procs, ready
+
+
+@pytest.fixture
+def cluster(data, tmp_path):
+    """Two `hydrant serve` processes of one cluster; their ready lines, by process."""
+    procs, ready = start_cluster(data, tmp_path, BATCH)
     yield ready
     for p in procs:
         p.kill()
@@ -147,24 +156,9 @@ def test_a_lost_process_ends_a_slow_trainer_s_stream_with_where_to_resume(data, 
     that names the step to resume from (the lost process, where the status reached it
     before the survivor gave up on it), never a clean end; the survivor exits with a
     line naming the lost process."""
-    path, state = data
-    hosts = tmp_path / "hosts"
-    hosts.write_text("".join(f"127.0.0.1:{free_port()}\n" for _ in range(2)))
     # Tiny steps: hundreds a rank, so that the loss comes mid-epoch.
-    procs = [
-        subprocess.Popen(
-            [str(BIN), "serve", "--listen", "127.0.0.1:0", "--pipeline", str(PIPELINE),
-             "--input", str(path), "--state", str(state), "--ranks", str(WORLD),
-             "--batch-size", "7", "--workers", "1", "--processes", "2",
-             "--process", str(p), "--hostfile", str(hosts)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for p in range(2)
-    ]
+    procs, ready = start_cluster(data, tmp_path, 7)
     try:
-        ready = [json.loads(p.stdout.readline()) for p in procs]
         reader = Client("grpc://" + ready[0]["listening"]).batches("criteo", 0, WORLD)
         got = [next(reader) for _ in range(10)]
         procs[1].kill()
