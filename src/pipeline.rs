@@ -153,6 +153,29 @@ impl RunOptions {
     }
 }
 
+/// Fails where the pipeline's `event_time` names a column the input lacks, or one that is
+/// not a timestamp: files are not timed by it, but a followed folder of the same files
+/// would be refused for it, and a mistyped name should not wait until then.
+fn check_event_time(spec: &PipelineSpec, input: &arrow::datatypes::Schema) -> Result<()> {
+    let Some(name) = &spec.event_time else {
+        return Ok(());
+    };
+    let reason = match input.field_with_name(name) {
+        Err(_) => format!("event_time names column `{name}`, which the input does not have"),
+        Ok(f) if !matches!(f.data_type(), arrow::datatypes::DataType::Timestamp(..)) => {
+            format!(
+                "event_time column `{name}` is {}, not a timestamp",
+                f.data_type()
+            )
+        }
+        Ok(_) => return Ok(()),
+    };
+    Err(Error::Spec {
+        file: spec.name.clone(),
+        reason,
+    })
+}
+
 /// The machine's physical memory in bytes, where the system says.
 fn physical_memory() -> Option<u64> {
     // SAFETY: `sysconf` only reads system configuration values.
@@ -346,6 +369,7 @@ impl Pipeline {
     ) -> Result<Self> {
         let mut opened = Inputs::open(inputs, spec.batch_rows)?;
         let plan = spec.plan(&opened.schema())?;
+        check_event_time(&spec, &opened.schema())?;
         opened.prepare(&plan, |s| spec.plan(s), &[])?;
         opened.cache_units(options.cache_bytes);
         let bound = match &state {

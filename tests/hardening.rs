@@ -705,3 +705,31 @@ fn a_pushed_pipeline_without_files_says_it_is_served() {
         );
     }
 }
+
+/// A pipeline whose `event_time` names a column the input lacks, or one that is not a
+/// timestamp, is refused over files too, where it was taken without a word (a followed
+/// folder of the same files is refused for it).
+#[test]
+fn an_event_time_column_that_is_missing_or_not_a_timestamp_is_refused() {
+    let (dir, input) = small_criteo();
+    let criteo = std::fs::read_to_string(criteo_toml()).unwrap();
+    for (column, needle) in [
+        (
+            "nope",
+            "event_time names column `nope`, which the input does not have",
+        ),
+        ("c0", "event_time column `c0` is"),
+    ] {
+        let toml = dir.path().join(format!("{column}.toml"));
+        let named = format!("event_time = \"{column}\"\n");
+        std::fs::write(&toml, criteo.replacen("\n", &format!("\n{named}"), 1)).unwrap();
+        let err = err_within(
+            Duration::from_secs(10),
+            &run_of(&toml, Path::new(&input), &[]),
+        );
+        assert!(
+            err.contains(needle) && err.contains("not a timestamp") == (column == "c0"),
+            "{err}"
+        );
+    }
+}
