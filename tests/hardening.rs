@@ -733,3 +733,46 @@ fn an_event_time_column_that_is_missing_or_not_a_timestamp_is_refused() {
         );
     }
 }
+
+/// Input with no rows is delivered as empty epochs and fitted as nothing, as before, but
+/// now with a warning: a zero-row export upstream otherwise goes unnoticed.
+#[test]
+fn an_input_with_no_rows_is_warned_about() {
+    use arrow::array::{Float32Array, Float64Array};
+    let dir = tempfile::tempdir().unwrap();
+    let empty = RecordBatch::try_from_iter([
+        (
+            "label",
+            std::sync::Arc::new(Float32Array::from(Vec::<f32>::new())) as arrow::array::ArrayRef,
+        ),
+        (
+            "x",
+            std::sync::Arc::new(Float64Array::from(Vec::<f64>::new())) as _,
+        ),
+    ])
+    .unwrap();
+    let input = dir.path().join("empty.arrow");
+    write_ipc(&input, &[empty], false);
+    let toml = dir.path().join("p.toml");
+    std::fs::write(
+        &toml,
+        "name = \"x\"\nlabel = { column = \"label\", type = \"float32\" }\n[[group]]\n\
+         name = \"g\"\nkind = \"dense\"\ncolumns = [\"x\"]\nsteps = [\"standardize\"]\n",
+    )
+    .unwrap();
+    let out = hydrant(&run_of(&toml, &input, &[]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: the input holds no rows"),
+        "{stderr}"
+    );
+    let summary: serde_json::Value = serde_json::from_slice(
+        out.stdout
+            .split(|&b| b == b'\n')
+            .rfind(|l| !l.is_empty())
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["rows"], 0, "{summary}");
+}

@@ -436,7 +436,14 @@ fn prepare(
             ..RunOptions::default()
         },
     };
-    Pipeline::from_files(&common.pipeline, &common.input, state, options)
+    let pipeline = Pipeline::from_files(&common.pipeline, &common.input, state, options)?;
+    if pipeline.epoch_plan().rows() == 0 {
+        hydrant::operators::log_line!(
+            "hydrant: warning: the input holds no rows: what is fitted describes nothing, \
+             and every epoch is empty"
+        );
+    }
+    Ok(pipeline)
 }
 
 /// Warns, on one line, where most of what each epoch delivers would be padding: the
