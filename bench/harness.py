@@ -62,7 +62,12 @@ def measure(argv, env=None):
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{err[-3000:]}")
-    result = json.loads(out.strip().splitlines()[-1])
+    # The summary is the last JSON line: a peer's runtime may print after it (Ray did,
+    # once in CI, a line that was not JSON).
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{' '.join(map(str, argv))} printed no JSON summary:\n{out[-3000:]}")
+    result = json.loads(lines[-1])
     result["wall_s"] = round(wall, 3)
     result["peak_tree_mb"] = round(max(samples, default=0) / 2**20, 1)
     late = samples[len(samples) // 2:]
