@@ -73,6 +73,12 @@ impl Default for RunOptions {
 }
 
 impl RunOptions {
+    /// The most ranks one process of the cluster owns (a block of `ranks / processes`,
+    /// rounded up, as ownership deals them).
+    pub fn most_local_ranks(&self) -> usize {
+        self.ranks.div_ceil(self.cluster.processes.max(1))
+    }
+
     /// Checks that a rank's batches in flight fit [`RunOptions::max_batch_bytes`], for
     /// batches of `output` (the featurized schema).
     pub fn check_memory(&self, output: &Schema) -> Result<()> {
@@ -91,8 +97,8 @@ impl RunOptions {
         }
         // Every rank of this process holds that much at once: all of them together must
         // fit the machine, or the kernel's OOM killer ends the job with no line at all.
-        let local = self.ranks.div_ceil(self.cluster.processes.max(1)) as u128;
-        let total = need.saturating_mul(local);
+        let local = self.most_local_ranks();
+        let total = need.saturating_mul(local as u128);
         if let Some(memory) = physical_memory()
             && total > memory as u128
         {

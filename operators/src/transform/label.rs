@@ -19,8 +19,13 @@ pub(super) fn label_values(
 ) -> Result<ArrayRef> {
     let input = column(batch, "label", &label.column)?;
     let values = cast(input, &label.dtype.data_type())?;
-    check_conversion(&label.column, input, &values, &row_id)?;
-    check_label(&label.column, &values, row_id)?;
+    let bad = |k: usize, reason: String| OpError::BadLabel {
+        column: label.column.clone(),
+        row_id: row_id(k),
+        reason,
+    };
+    check_conversion(input, &values, &bad)?;
+    check_label(input, &values, &bad)?;
     Ok(values)
 }
 
@@ -32,26 +37,20 @@ pub fn check_labels(label: &LabelSpec, batch: &RecordBatch, first_row: u64) -> R
     label_values(batch, label, |k| first_row.saturating_add(k as u64)).map(drop)
 }
 
-/// Fails on the first label that converting `input` to `values` changed: a fraction an
-/// int64 label would drop (0.9 became 0, silently), a value the type cannot hold (which
-/// the conversion makes null, and which was reported as a null), or a float beyond
-/// float32's range (which it makes infinite).
-fn check_conversion(
-    column: &str,
-    input: &ArrayRef,
-    values: &ArrayRef,
-    row_id: impl Fn(usize) -> u64,
-) -> Result<()> {
-    let bad = |k: usize, what: String| {
-        Err(OpError::BadLabel {
-            column: column.to_string(),
-            row_id: row_id(k),
-            reason: format!(
-                "is {}, {what}",
-                array_value_to_string(input, k).unwrap_or_default()
-            ),
-        })
-    };
+/// How row `k`'s label is wrong, as the error that names it.
+type Bad<'a> = dyn Fn(usize, String) -> OpError + 'a;
+
+/// `input`'s value at `k`, as a message quotes it.
+fn shown(input: &ArrayRef, k: usize) -> String {
+    array_value_to_string(input, k).unwrap_or_default()
+}
+
+/// Fails on the first label that converting `input` to `values` changed where the
+/// conversion says nothing: a fraction an int64 label would drop (0.9 became 0,
+/// silently), or a value the type cannot hold (which the conversion makes null, and which
+/// was reported as a null). A float beyond float32's range, which the conversion makes
+/// infinite, is told by [`check_label`], which looks at every float label anyway.
+fn check_conversion(input: &ArrayRef, values: &ArrayRef, bad: &Bad) -> Result<()> {
     let (to, from) = (values.data_type(), input.data_type());
     if to == from {
         return Ok(());
@@ -60,53 +59,48 @@ fn check_conversion(
     if values.null_count() > input.null_count()
         && let Some(k) = (0..input.len()).find(|&k| input.is_valid(k) && values.is_null(k))
     {
-        return bad(k, format!("which {labels} cannot hold"));
+        return Err(bad(
+            k,
+            format!("is {}, which {labels} cannot hold", shown(input, k)),
+        ));
     }
     if to.is_integer() && from.is_floating() {
         let wide = cast(input, &DataType::Float64)?;
         let wide = wide.as_primitive::<Float64Type>();
         if let Some(k) = (0..wide.len()).find(|&k| wide.is_valid(k) && wide.value(k).fract() != 0.0)
         {
-            return bad(
-                k,
-                format!("not a whole number, as {labels} (class indices) must be"),
-            );
-        }
-    }
-    if let Some(floats) = values.as_primitive_opt::<Float32Type>()
-        && from.is_floating()
-    {
-        let wide = cast(input, &DataType::Float64)?;
-        let wide = wide.as_primitive::<Float64Type>();
-        if let Some(k) = (0..wide.len()).find(|&k| {
-            wide.is_valid(k) && wide.value(k).is_finite() && !floats.value(k).is_finite()
-        }) {
-            return bad(k, format!("beyond the range of {labels}"));
+            let why = format!("not a whole number, as {labels} (class indices) must be");
+            return Err(bad(k, format!("is {}, {why}", shown(input, k))));
         }
     }
     Ok(())
 }
 
 /// Fails on the first label a trainer could not use: a null, or (for float labels) NaN or
-/// an infinity, which would turn every loss it reaches into NaN. Labels are not imputed:
-/// a row without a usable label is the data's fault, and is named by its row id.
-fn check_label(column: &str, values: &ArrayRef, row_id: impl Fn(usize) -> u64) -> Result<()> {
-    let bad = |k: usize, what: &str| {
-        Err(OpError::BadLabel {
-            column: column.to_string(),
-            row_id: row_id(k),
-            reason: what.to_string(),
-        })
-    };
+/// an infinity, which would turn every loss it reaches into NaN; an infinity the
+/// conversion made of a finite input is named by that input. Labels are not imputed: a
+/// row without a usable label is the data's fault, and is named by its row id.
+fn check_label(input: &ArrayRef, values: &ArrayRef, bad: &Bad) -> Result<()> {
     if let Some(nulls) = values.logical_nulls().filter(|n| n.null_count() > 0)
         && let Some(k) = (0..nulls.len()).find(|&k| nulls.is_null(k))
     {
-        return bad(k, "is null");
+        return Err(bad(k, "is null".into()));
     }
     if let Some(floats) = values.as_primitive_opt::<Float32Type>()
         && let Some(k) = floats.values().iter().position(|v| !v.is_finite())
     {
-        return bad(k, &format!("is {}", floats.value(k)));
+        let finite_input = input.data_type().is_floating()
+            && cast(&input.slice(k, 1), &DataType::Float64)?
+                .as_primitive::<Float64Type>()
+                .value(0)
+                .is_finite();
+        return Err(bad(
+            k,
+            match finite_input {
+                true => format!("is {}, beyond the range of float32 labels", shown(input, k)),
+                false => format!("is {}", floats.value(k)),
+            },
+        ));
     }
     Ok(())
 }

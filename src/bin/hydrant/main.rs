@@ -215,18 +215,7 @@ struct DeliveryArgs {
 
 impl DeliveryArgs {
     fn options(&self, cluster: Cluster) -> Result<RunOptions> {
-        // Each rank served here keeps its own queue, slot and step buffers (several KB
-        // before any row): a total bound, where --max-batch-bytes bounds one rank.
-        let local = self.ranks.div_ceil(cluster.processes.max(1));
-        if local > MAX_LOCAL_RANKS {
-            return Err(Error::Usage(format!(
-                "--ranks {} over --processes {} gives a process {local} ranks: at most \
-                 {MAX_LOCAL_RANKS} a process (run more processes, one beside each node's \
-                 trainers)",
-                self.ranks, cluster.processes
-            )));
-        }
-        Ok(RunOptions {
+        let options = RunOptions {
             ranks: self.ranks,
             batch_size: self.batch_size,
             epochs: self.epochs,
@@ -245,7 +234,19 @@ impl DeliveryArgs {
             cluster,
             max_batch_bytes: self.max_batch_bytes,
             cache_bytes: self.cache_mib << 20,
-        })
+        };
+        // Each rank served here keeps its own queue, slot and step buffers (several KB
+        // before any row): a total bound, where --max-batch-bytes bounds one rank.
+        let local = options.most_local_ranks();
+        if local > MAX_LOCAL_RANKS {
+            return Err(Error::Usage(format!(
+                "--ranks {} over --processes {} gives a process {local} ranks: at most \
+                 {MAX_LOCAL_RANKS} a process (run more processes, one beside each node's \
+                 trainers)",
+                self.ranks, options.cluster.processes
+            )));
+        }
+        Ok(options)
     }
 }
 

@@ -1,7 +1,7 @@
 //! Paths a command writes, checked before it runs: none may be a file the same command
 //! reads (its input, pipeline or state, or a data file of an input folder), a sink's
-//! folder may not hold one, and a file's folder must exist, so that a mistyped flag loses nothing and fails at once rather
-//! than after the job.
+//! folder may not hold one, and a file's folder must exist, so that a mistyped flag
+//! loses nothing and fails at once rather than after the job.
 
 use std::path::{Path, PathBuf};
 
