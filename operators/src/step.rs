@@ -138,25 +138,50 @@ impl Step {
     }
 }
 
-fn to_count(v: f64, lo: u64, hi: u64) -> std::result::Result<u64, String> {
-    if v.fract() != 0.0 || v < lo as f64 || v > hi as f64 {
-        Err(format!("must be a whole number in [{lo}, {hi}], got {v}"))
-    } else {
-        Ok(v as u64)
+/// Above this a float no longer holds every whole number, so larger counts are read from
+/// their digits.
+const EXACT_IN_F64: f64 = (1u64 << 53) as f64;
+
+fn to_count(n: &Number, lo: u64, hi: u64) -> std::result::Result<u64, String> {
+    // Digits are read exactly: `hash_bucket(4611686018427387905)` must not become 2^62.
+    let exact = n.text.parse::<u64>().ok().or_else(|| {
+        (n.value.fract() == 0.0 && (0.0..=EXACT_IN_F64).contains(&n.value))
+            .then_some(n.value as u64)
+    });
+    match exact {
+        Some(v) if (lo..=hi).contains(&v) => Ok(v),
+        None if n.value.fract() == 0.0 && n.value > EXACT_IN_F64 => Err(format!(
+            "must be a whole number in [{lo}, {hi}] written in digits, got {}",
+            n.text
+        )),
+        _ => Err(format!(
+            "must be a whole number in [{lo}, {hi}], got {}",
+            n.text
+        )),
     }
 }
 
+/// A number argument as written, and its value.
+struct Number {
+    text: String,
+    value: f64,
+}
+
 enum Arg {
-    Pos(f64),
-    Named(String, f64),
+    Pos(Number),
+    Named(String, Number),
 }
 
 impl Arg {
     fn parse(text: &str) -> std::result::Result<Arg, String> {
         let number = |s: &str| {
-            s.trim()
-                .parse::<f64>()
-                .map_err(|_| format!("`{}` is not a number", s.trim()))
+            let text = s.trim();
+            text.parse::<f64>()
+                .map(|value| Number {
+                    text: text.to_string(),
+                    value,
+                })
+                .map_err(|_| format!("`{text}` is not a number"))
         };
         match text.split_once('=') {
             Some((k, v)) => Ok(Arg::Named(k.trim().to_string(), number(v)?)),
@@ -183,7 +208,7 @@ impl Args<'_> {
         self.args
             .iter()
             .map(|a| match a {
-                Arg::Pos(v) => Ok(*v),
+                Arg::Pos(n) => Ok(n.value),
                 Arg::Named(k, _) => Err((self.bad)(&format!("unknown argument `{k}`"))),
             })
             .collect()
@@ -202,20 +227,20 @@ impl Args<'_> {
 
     /// One whole-number argument, positional or named `name=`.
     fn count(&self, name: &str, lo: u64, hi: u64) -> Result<u64> {
-        let v = match self.args.as_slice() {
-            [Arg::Pos(v)] => *v,
-            [Arg::Named(k, v)] if k == name => *v,
+        let n = match self.args.as_slice() {
+            [Arg::Pos(n)] => n,
+            [Arg::Named(k, n)] if k == name => n,
             _ => return Err((self.bad)(&format!("takes one argument `{name}`"))),
         };
-        to_count(v, lo, hi).map_err(|r| (self.bad)(&format!("{name} {r}")))
+        to_count(n, lo, hi).map_err(|r| (self.bad)(&format!("{name} {r}")))
     }
 
-    fn named(&self, name: &str) -> Result<Option<f64>> {
+    fn named(&self, name: &str) -> Result<Option<&Number>> {
         let mut found = None;
         for a in &self.args {
             match a {
-                Arg::Named(k, v) if k == name => {
-                    if found.replace(*v).is_some() {
+                Arg::Named(k, n) if k == name => {
+                    if found.replace(n).is_some() {
                         return Err((self.bad)(&format!("`{name}` given twice")));
                     }
                 }
@@ -320,6 +345,19 @@ mod tests {
             Step::parse("hash_bucket(n=16)").unwrap(),
             Step::HashBucket(16)
         );
+        // Whole numbers are read from their digits, exactly, or from a float up to 2^53.
+        assert_eq!(
+            Step::parse("hash_bucket(9007199254740993)").unwrap(),
+            Step::HashBucket(9_007_199_254_740_993)
+        );
+        assert_eq!(
+            Step::parse("vocab(min_count=18446744073709551615)").unwrap(),
+            Step::Vocab {
+                max_size: None,
+                min_count: u64::MAX
+            }
+        );
+        assert_eq!(Step::parse("one_hot(1e3)").unwrap(), Step::OneHot(1000));
     }
 
     #[test]
@@ -336,6 +374,16 @@ mod tests {
             ("bucketize()", "ascending"),
             ("hash_bucket(0)", "whole number"),
             ("hash_bucket(1.5)", "whole number"),
+            // Beyond 2^53 a float rounds: these were taken as 2^62 and 2^53.
+            (
+                "hash_bucket(4611686018427387905)",
+                "got 4611686018427387905",
+            ),
+            ("hash_bucket(1e17)", "written in digits"),
+            (
+                "hash_bucket(18446744073709551615)",
+                "got 18446744073709551615",
+            ),
             ("one_hot", "one argument"),
             ("vocab(size=3)", "unknown argument"),
             ("vocab(max_size=0)", "max_size"),
