@@ -59,6 +59,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// Records this error in a run's error slot as having come from `origin`, unless an
+    /// earlier one is there. Whoever reports the slot says it was the dataflow's, so the
+    /// text goes in without a `dataflow:` of its own or the name of the layer that caught
+    /// it: "dataflow: input F: …", not "dataflow: worker: dataflow: input F: …".
+    pub(crate) fn record_in(&self, errors: &hydrant_operators::ErrorSlot, origin: &str) {
+        match self {
+            Error::Dataflow(why) => errors.set_from(origin, why),
+            other => errors.set_from(origin, &other.to_string()),
+        }
+    }
+
     /// Where this error comes from, as a run's error slot records it (see [`origin`]).
     pub(crate) fn origin(&self) -> &'static str {
         match self {

@@ -51,6 +51,44 @@ fn bad_files_are_named() {
     let err = hydrant_err(&["run", "--pipeline", toml, "--input", &p("corrupt.parquet")]);
     assert!(err.contains("corrupt.parquet"), "{err}");
 
+    // Pages that fail to decode while the run reads them (the footer is sound, and a state
+    // fitted before spares the fit's reading): the input is named once, with no prefix
+    // saying which layers passed the error on ("dataflow: worker: input …").
+    let state = p("state.json");
+    hydrant_ok(&[
+        "fit",
+        "--pipeline",
+        toml,
+        "--input",
+        &input,
+        "--out",
+        &state,
+    ]);
+    let mut pages = bytes.clone();
+    for b in &mut pages[bytes.len() / 3..bytes.len() / 2] {
+        *b = 0x5a;
+    }
+    std::fs::write(p("pages.parquet"), &pages).unwrap();
+    let err = hydrant_err(&[
+        "run",
+        "--pipeline",
+        toml,
+        "--input",
+        &p("pages.parquet"),
+        "--state",
+        &state,
+    ]);
+    assert!(
+        err.contains("input ") && err.contains("pages.parquet"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("worker:")
+            && !err.contains("source:")
+            && err.matches("dataflow:").count() <= 1,
+        "{err}"
+    );
+
     std::fs::create_dir(p("empty")).unwrap();
     let err = hydrant_err(&["run", "--pipeline", toml, "--input", &p("empty")]);
     assert!(err.contains("holds no .parquet"), "{err}");

@@ -303,7 +303,8 @@ pub(super) fn supervise<T: Send + 'static>(
         fate::register_worker(&fate2);
         let result = work(worker);
         if let Err(e) = &result {
-            errors2.set("worker", e);
+            // As from where it came: an unreadable input is the input's, not the server's.
+            e.record_in(&errors2, e.origin());
         }
         let _ = done_tx.lock().map(|tx| tx.send(result));
     })?;

@@ -51,7 +51,7 @@ pub(super) fn read_epochs(
             let (mut first, mut b, read) = match next {
                 Ok(Some(next)) => next,
                 Ok(None) => break,
-                Err(e) => return errors.set(crate::error::origin::SOURCE, e),
+                Err(e) => return e.record_in(errors, crate::error::origin::SOURCE),
             };
             // Stamped with the time of the batch's first row before any is left out, the
             // one the merge went by: a worker's times never go back.
@@ -66,7 +66,7 @@ pub(super) fn read_epochs(
                 match rows_of(d, epoch, first, rank, b.data) {
                     Ok(Some((skipped, data))) => (first, b.data) = (first + skipped, data),
                     Ok(None) => continue,
-                    Err(e) => return errors.set(crate::error::origin::SOURCE, e),
+                    Err(e) => return e.record_in(errors, crate::error::origin::SOURCE),
                 }
             }
             b.seq = epoch.saturating_mul(d.plan.rows()).saturating_add(first);

@@ -133,7 +133,7 @@ impl ServedPipeline {
                             "hydrant: the run of epoch {epoch}{only} failed: {e}"
                         );
                     }
-                    errors.set(e.origin(), e);
+                    e.record_in(&errors, e.origin());
                 }
                 ended.cancel();
                 // The queues end only now, so that a stream that sees their end sees the
