@@ -327,9 +327,12 @@ fn row_blocks<'a, T>(
     let group = if batch.num_rows() <= BLOCK_ROWS {
         None
     } else {
+        // With `row_id`, so that an error can say which row it was.
         let indices = cols
             .iter()
-            .filter_map(|c| batch.schema_ref().index_of(&c.name).ok())
+            .map(|c| c.name.as_str())
+            .chain([ROW_ID])
+            .filter_map(|name| batch.schema_ref().index_of(name).ok())
             .collect::<Vec<_>>();
         Some(batch.project(&indices)?)
     };
@@ -450,7 +453,7 @@ fn index_column(
         Bound::IntPass => {
             let ints = cast(array, &DataType::Int64)?;
             let ints = ints.as_primitive::<Int64Type>();
-            if let Some(reason) = unusable_id(array, ints) {
+            if let Some(reason) = unusable_id(array, ints, |k| at_row_id(batch, k)) {
                 return Err(OpError::Plan {
                     group: group.to_string(),
                     column: c.name.clone(),
@@ -481,23 +484,44 @@ fn index_column(
 
 /// What makes an integer id column passed through unusable, if anything: a value an
 /// int64 cannot hold (the cast made 2^64 - 1 null, delivered as -1 like a real null), or a
-/// negative one (an embedding index is 0 or more, and -1 is what a null becomes).
-fn unusable_id(input: &ArrayRef, ints: &Int64Array) -> Option<String> {
+/// negative one (an embedding index is 0 or more, and -1 is what a null becomes). `at(k)`
+/// says where row `k` is.
+fn unusable_id(
+    input: &ArrayRef,
+    ints: &Int64Array,
+    at: impl Fn(usize) -> String,
+) -> Option<String> {
     let shown = |k: usize| array_value_to_string(input, k).unwrap_or_default();
     if ints.null_count() > input.null_count()
         && let Some(k) = (0..input.len()).find(|&k| input.is_valid(k) && ints.is_null(k))
     {
-        return Some(format!("holds {}, which an int64 id cannot hold", shown(k)));
+        return Some(format!(
+            "holds {}{}, which an int64 id cannot hold",
+            shown(k),
+            at(k)
+        ));
     }
     // One quick pass; the slow search only where there is something to find.
     if ints.values().iter().any(|&v| v < 0) {
         let k = (0..ints.len()).find(|&k| ints.is_valid(k) && ints.value(k) < 0)?;
         return Some(format!(
-            "holds {}: ids are indices, 0 or more (a null is delivered as -1)",
-            shown(k)
+            "holds {}{}: ids are indices, 0 or more (a null is delivered as -1)",
+            shown(k),
+            at(k)
         ));
     }
     None
+}
+
+/// " at row_id N" for row `k` of `batch`, or nothing where the batch has no `row_id` (a
+/// bare batch given to [`Transformer::apply`] is refused before this).
+fn at_row_id(batch: &RecordBatch, k: usize) -> String {
+    batch
+        .column_by_name(ROW_ID)
+        .and_then(|c| c.as_primitive_opt::<arrow::datatypes::UInt64Type>())
+        .filter(|ids| k < ids.len())
+        .map(|ids| format!(" at row_id {}", ids.value(k)))
+        .unwrap_or_default()
 }
 
 fn scatter(column: &[i64], width: usize, offset: usize, out: &mut [i64]) {
@@ -565,13 +589,15 @@ mod tests {
         };
         let err = ids(Arc::new(UInt64Array::from(vec![5, u64::MAX]))).unwrap_err();
         assert!(
-            err.to_string()
-                .contains("column `u`: holds 18446744073709551615, which an int64 id cannot hold"),
+            err.to_string().contains(
+                "column `u`: holds 18446744073709551615 at row_id 1, which an int64 id cannot hold"
+            ),
             "{err}"
         );
         let err = ids(Arc::new(Int64Array::from(vec![Some(3), None, Some(-5)]))).unwrap_err();
         assert!(
-            err.to_string().contains("holds -5: ids are indices"),
+            err.to_string()
+                .contains("holds -5 at row_id 2: ids are indices"),
             "{err}"
         );
         let ok = ids(Arc::new(Int64Array::from(vec![Some(3), None, Some(0)]))).unwrap();
