@@ -10,6 +10,7 @@ mod gather;
 mod give_up;
 mod handshake;
 mod heartbeat;
+mod held;
 mod read;
 mod stream;
 

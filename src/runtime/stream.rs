@@ -29,6 +29,7 @@ use timely::worker::Worker;
 use super::cluster::Cluster;
 use super::dataflow::{Channels, PARK, supervise};
 use super::fate;
+use super::held::Held;
 use crate::delivery::{
     LastBatch, Ownership, Owning, Piece, Pieces, Placement, RankBatch, own, split,
 };
@@ -301,7 +302,7 @@ fn take_rows(
 ) {
     let deliver_from = shared.steps_cut().saturating_mul(placement.step_rows());
     let mut rows = shared.taken.load(Ordering::SeqCst);
-    let mut held: Vec<(u64, RecordBatch)> = Vec::new();
+    let mut held = Held::default();
     let mut pieces = Vec::new();
     let ahead = placement.window().div_ceil(placement.step_rows()) + 2;
     let mut place = |first: u64, batch: &RecordBatch, total: u64, input: &mut PiecesIn| {
@@ -340,7 +341,6 @@ fn take_rows(
                 let first = rows;
                 rows += batch.num_rows() as u64;
                 shared.taken.store(rows, Ordering::SeqCst);
-                held.push((first, batch));
                 // Every position before `full` lies in a full window, and (when the last
                 // step is dropped) in windows wholly before the step still filling: a
                 // rank's rows of that step must not go out before the stream says
@@ -349,24 +349,21 @@ fn take_rows(
                     LastBatch::Pad => placement.window_start(rows),
                     LastBatch::Drop => placement.window_start(rows - rows % placement.step_rows()),
                 };
-                let mut keep = Vec::new();
-                for (first, batch) in held.drain(..) {
-                    let n = batch.num_rows();
-                    let ready = full.saturating_sub(first).min(n as u64) as usize;
-                    if ready > 0 {
-                        place(first, &batch.slice(0, ready), u64::MAX, input);
-                    }
-                    if ready < n {
-                        keep.push((first + ready as u64, batch.slice(ready, n - ready)));
-                    }
+                let placed = held.push(first, batch).and_then(|()| {
+                    held.take_before(full, |first, batch| place(first, &batch, u64::MAX, input))
+                });
+                if let Err(e) = placed {
+                    start.errors.set("pushed", e);
+                    return;
                 }
-                held = keep;
             }
             Ok(Message::End) => {
                 // Before the last rows go: an owner that gets them knows the end.
                 let _ = shared.end.set(rows);
-                for (first, batch) in held.drain(..) {
-                    place(first, &batch, rows, input);
+                let placed =
+                    held.take_before(u64::MAX, |first, batch| place(first, &batch, rows, input));
+                if let Err(e) = placed {
+                    start.errors.set("pushed", e);
                 }
                 return;
             }
@@ -550,6 +547,21 @@ mod tests {
                     assert_eq!(a.data(), b.data());
                 }
             }
+        }
+    }
+
+    /// Rows pushed one at a time (held joined, see `held.rs`) are delivered as the same
+    /// batches as rows pushed in chunks.
+    #[test]
+    fn rows_pushed_one_at_a_time_are_delivered_as_rows_pushed_in_chunks() {
+        let placement = Placement::new(2, 100, LastBatch::Pad, 7, Some(3000)).unwrap();
+        let chunks = deliver(placement, 0, 2, false, |o| push_chunks(o, 0, 7001, 1500));
+        let ones = deliver(placement, 0, 2, false, |o| push_chunks(o, 0, 7001, 1));
+        assert_eq!(ids(&ones), (0..7001).collect::<Vec<_>>());
+        assert_eq!(ones.len(), chunks.len());
+        for (a, b) in ones.iter().zip(&chunks) {
+            assert_eq!(a.meta, b.meta);
+            assert_eq!(a.data(), b.data());
         }
     }
 
