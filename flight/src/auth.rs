@@ -122,6 +122,9 @@ impl Auth {
         };
         let text = hydrant_operators::read_small_text(path, MAX_TOKEN_FILE_BYTES)
             .map_err(|e| err(e.to_string()))?;
+        // A BOM (editors on Windows save one) would be part of the first user's name,
+        // who then could never log in.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
         let mut users = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -306,6 +309,8 @@ impl Auth {
     }
 }
 
+/// The roles of a comma-separated list. What is not a role is not quoted: it may be the
+/// rest of a password with a space in it, and the error goes to the log.
 fn parse_roles(list: &str) -> Result<u8, String> {
     let mut roles = 0;
     for name in list.split(',') {
@@ -313,10 +318,9 @@ fn parse_roles(list: &str) -> Result<u8, String> {
             .into_iter()
             .find(|r| r.name() == name)
             .ok_or_else(|| {
-                format!(
-                    "unknown role `{}` (roles: train, ingest, admin)",
-                    hydrant_operators::quoted(name)
-                )
+                "the field after `user:password` is not a comma-separated list of roles \
+                 (train, ingest, admin); passwords cannot hold whitespace"
+                    .to_string()
             })?;
         roles |= role.bit();
     }
@@ -410,7 +414,12 @@ mod tests {
         assert!(auth.check(Some(&bob), Some(Role::Admin)).is_err());
         for (text, needle) in [
             ("alice\n", "line 1"),
-            ("a:b train,root\n", "unknown role `root`"),
+            ("a:b train,root\n", "not a comma-separated list of roles"),
+            // A password with a space: the rest of it is not repeated in the error.
+            (
+                "alice:correct horse battery\n",
+                "passwords cannot hold whitespace",
+            ),
             ("a:b train extra\n", "no whitespace in passwords"),
             ("\n", "no `user:password` line"),
             ("u:p\nv:w\nu:q ingest\n", "line 3: user `u` is given twice"),
@@ -418,6 +427,11 @@ mod tests {
             std::fs::write(&f, text).unwrap();
             let e = Auth::from_file(&f).unwrap_err().to_string();
             assert!(e.contains(needle), "{text:?}: {e}");
+            assert!(!e.contains("horse") && !e.contains("root"), "{e}");
         }
+        // Saved with a BOM: the first user is `alice`, not "\u{feff}alice".
+        std::fs::write(&f, "\u{feff}alice:s3cret\n").unwrap();
+        let auth = Auth::from_file(&f).unwrap();
+        assert!(auth.handshake(Some(&basic("alice:s3cret")), None).is_ok());
     }
 }
