@@ -42,8 +42,23 @@ class Client:
             # pyarrow raises some statuses (RESOURCE_EXHAUSTED) as ArrowInvalid, not
             # FlightError.
             except (flight.FlightError, pa.ArrowException) as e:
-                raise HydrantError(str(e)) from e
+                why = self._why_unreachable(e)
+                raise HydrantError(str(why)) from why
             self._options = flight.FlightCallOptions(headers=[header])
+
+    def _why_unreachable(self, error: Exception) -> Exception:
+        """What a failed handshake was: pyarrow reports a server that is not there (or
+        is not Flight) as INTERNAL "Could not finish writing before closing", so such a
+        failure is asked again by a plain call, which says UNAVAILABLE and why."""
+        if not isinstance(error, flight.FlightInternalError):
+            return error
+        try:
+            list(self._client.list_actions(flight.FlightCallOptions(timeout=5)))
+        except flight.FlightUnavailableError as unavailable:
+            return unavailable
+        except (flight.FlightError, pa.ArrowException):
+            pass
+        return error
 
     def endpoints(self, pipeline: str) -> list:
         """The tickets of every rank of ``pipeline`` (epoch 0), in rank order, as dicts."""

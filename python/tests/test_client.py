@@ -95,6 +95,23 @@ def test_auth_accepted_and_rejected(serve, tmp_path):
         Client(s.uri).endpoints("criteo")
 
 
+def test_a_login_to_no_server_says_it_is_unreachable(serve):
+    # pyarrow reports a failed handshake with no server (or a port that is not Flight)
+    # as INTERNAL "Could not finish writing before closing": the client says why.
+    import socket
+
+    import pyarrow.flight as flight
+
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    s = serve("--metrics-listen", "127.0.0.1:0")
+    for uri in (f"grpc://127.0.0.1:{port}", "grpc://" + s.ready["metrics"]):
+        with pytest.raises(HydrantError, match="unavailable") as e:
+            Client(uri, token=("alice", "s3cret"))
+        assert isinstance(e.value.__cause__, flight.FlightUnavailableError), repr(e.value)
+
+
 def test_roles_expiry_and_throttled_logins(serve, tmp_path):
     import time
 
