@@ -12,9 +12,9 @@ padding rows, which a trainer leaves out of its loss. With PyTorch, ``TorchDatas
 yields dicts of tensors over many epochs (``set_epoch``), on a CUDA device if asked.
 """
 
-from .batch import Batch, HydrantError
+from .batch import Batch, HydrantError, PushError
 from .client import Client
 from .reader import RankReader
 from .torch_data import CudaStaging, TorchDataset
 
-__all__ = ["Batch", "Client", "CudaStaging", "HydrantError", "RankReader", "TorchDataset"]
+__all__ = ["Batch", "Client", "CudaStaging", "HydrantError", "PushError", "RankReader", "TorchDataset"]

@@ -15,6 +15,16 @@ class HydrantError(Exception):
     """A request the server refused, or a stream that broke its contract, with the reason."""
 
 
+class PushError(HydrantError):
+    """A push that failed part-way. ``acks`` holds the acknowledgements of the batches
+    admitted before the failure (the first ``len(acks)`` of those given), so that a
+    producer can go on from the first batch that was not."""
+
+    def __init__(self, message: str, acks: list):
+        super().__init__(message)
+        self.acks = acks
+
+
 @dataclass
 class Batch:
     """One rank's batch of one step: exactly ``B`` rows, the padding rows last.

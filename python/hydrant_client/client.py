@@ -8,7 +8,7 @@ from typing import Tuple, Union
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from .batch import HydrantError
+from .batch import HydrantError, PushError
 from .reader import RankReader
 
 
@@ -119,7 +119,10 @@ class Client:
         A ``producer`` names itself and numbers its batches from ``first_seq``: a batch
         whose number the server admitted before (a retry after a lost acknowledgement) is
         acknowledged again with ``"duplicate": true`` and not admitted twice. A server
-        with ``--state-dir`` keeps that across restarts."""
+        with ``--state-dir`` keeps that across restarts.
+
+        A push that fails part-way raises ``PushError``, whose ``acks`` are those of the
+        batches admitted before the failure."""
         return _push(self._client, self._options, pipeline, data, producer, first_seq)
 
     def end_ingest(self, pipeline: str) -> None:
@@ -210,26 +213,74 @@ def _uri(location) -> str:
     return uri.decode() if isinstance(uri, bytes) else str(uri)
 
 
+def _record_batches(data) -> list:
+    """``data`` (a Table, a RecordBatch, or an iterable of them) as RecordBatches."""
+    if isinstance(data, (pa.Table, pa.RecordBatch)):
+        data = [data]
+    try:
+        items = list(data)
+    except TypeError:
+        items = [data]
+    batches = []
+    for item in items:
+        if isinstance(item, pa.Table):
+            batches.extend(item.to_batches())
+        elif isinstance(item, pa.RecordBatch):
+            batches.append(item)
+        else:
+            raise HydrantError(
+                "push takes a pyarrow Table or RecordBatches (or an iterable of them), not "
+                f"{type(item).__name__}"
+            )
+    return batches
+
+
 def _push(client, options, pipeline, data, producer=None, first_seq=0):
     """DoPut of ``data`` (a Table or an iterable of RecordBatches) to ``pipeline``, as
     ``producer`` numbering its batches from ``first_seq`` when one is named."""
-    batches = data.to_batches() if isinstance(data, pa.Table) else list(data)
+    batches = _record_batches(data)
     if not batches:
         return []
     path = ("ingest", pipeline) + ((producer,) if producer is not None else ())
     descriptor = flight.FlightDescriptor.for_path(*path)
     acks = []
+    writing = False
     try:
         writer, reader = client.do_put(descriptor, batches[0].schema, options)
         for seq, b in enumerate(batches, start=first_seq):
+            writing = not b.schema.equals(batches[0].schema)
             if producer is None:
                 writer.write_batch(b)
             else:
                 writer.write_with_metadata(b, pa.py_buffer(json.dumps({"seq": seq}).encode()))
+            writing = False
             ack = reader.read()
-            acks.append(json.loads(ack.to_pybytes()) if ack is not None else None)
+            if ack is None:
+                # The server ended the call without acknowledging this batch: closing
+                # raises its status (a refusal), and a clean end is no acknowledgement.
+                writer.done_writing()
+                writer.close()
+                raise PushError(
+                    f"batch {len(acks)} of {len(batches)}: the server ended the push "
+                    f"without acknowledging it (the {len(acks)} before it were "
+                    "acknowledged: PushError.acks)",
+                    acks,
+                )
+            acks.append(json.loads(ack.to_pybytes()))
         writer.done_writing()
         writer.close()
     except (flight.FlightError, pa.ArrowException) as e:
-        raise HydrantError(str(e)) from e
+        n = len(acks)
+        # pyarrow refuses a batch of another schema than the first before sending it.
+        why = (
+            "its schema differs from the first batch's (one push is one stream of one "
+            f"schema: pyarrow refused it before sending it: {e})"
+            if writing
+            else str(e)
+        )
+        raise PushError(
+            f"batch {n} of {len(batches)}: {why} (the {n} before it were acknowledged: "
+            "PushError.acks)",
+            acks,
+        ) from e
     return acks

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, Server, hydrant
-from hydrant_client import Client, HydrantError
+from hydrant_client import Client, HydrantError, PushError
 
 PUSHED = (ROOT / "examples" / "criteo_hash.toml").read_text()
 
@@ -162,6 +162,27 @@ def test_a_batch_with_an_unusable_label_is_refused_whole(pushed):
     assert client.status()["pipelines"][0]["pushed"]["rows_in"] == 100
     assert client.push("criteo_hash", bad)[0]["rows"] == 50
     assert ended_ids(client) == list(range(150))
+
+
+def test_a_push_that_fails_part_way_says_which_batches_were_admitted(pushed):
+    """Found by a hostile run: the acknowledgements of the batches admitted before a
+    refused one were dropped with the error, so a producer could not tell where to go on
+    from (nor, when pyarrow refused a batch of another schema before sending it, that the
+    server had not refused anything)."""
+    server, table = pushed
+    client = Client(server.uri)
+    good, bad = with_label(table.slice(0, 210), None, None), with_label(table.slice(150, 50), 7, None)
+    with pytest.raises(PushError, match="batch 2 of 4: .*INVALID_ARGUMENT.*row_id 157") as e:
+        client.push("criteo_hash", [*good.slice(0, 150).to_batches(100), *bad.to_batches(),
+                                    *good.slice(200, 10).to_batches()])
+    assert [a["rows"] for a in e.value.acks] == [100, 50]
+    assert client.status()["pipelines"][0]["pushed"]["rows_in"] == 150
+    # A batch of another schema than the first never leaves the client.
+    other = table.slice(150, 10).drop_columns(["c3"])
+    with pytest.raises(PushError, match="batch 1 of 2: its schema differs from the first") as e:
+        client.push("criteo_hash", [*table.slice(150, 10).to_batches(), *other.to_batches()])
+    assert [a["rows"] for a in e.value.acks] == [10]
+    assert client.status()["pipelines"][0]["pushed"]["rows_in"] == 160
 
 
 def test_a_held_batch_with_an_unusable_label_is_refused_before_its_acknowledgement(tmp_path, data):
