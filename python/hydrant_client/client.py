@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from typing import Tuple, Union
 
 import pyarrow as pa
@@ -123,12 +124,16 @@ class Client:
 
         A push that fails part-way raises ``PushError``, whose ``acks`` are those of the
         batches admitted before the failure."""
-        return _push(self._client, self._options, pipeline, data, producer, first_seq)
+        if producer is not None:
+            _name("producer", producer)
+        return _push(self._client, self._options, _name("pipeline", pipeline), data, producer,
+                     _whole("first_seq", first_seq))
 
     def end_ingest(self, pipeline: str) -> None:
         """Closes the pipeline's pushed input: the last step is padded, the epoch ends."""
         try:
-            list(self._client.do_action(flight.Action("end_ingest", pipeline.encode()),
+            list(self._client.do_action(flight.Action("end_ingest",
+                                                      _name("pipeline", pipeline).encode()),
                                         self._options))
         except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
@@ -139,7 +144,8 @@ class Client:
         deletes what lies wholly before it). Call it after saving the checkpoint; an older
         step than the last commit changes nothing. Returns ``{"committed", "durable",
         "deleted_segments"}``."""
-        body = json.dumps({"pipeline": pipeline, "step": int(step)}).encode()
+        body = json.dumps({"pipeline": _name("pipeline", pipeline),
+                           "step": _whole("step", step)}).encode()
         try:
             results = list(self._client.do_action(flight.Action("commit", body), self._options))
         except (flight.FlightError, pa.ArrowException) as e:
@@ -150,7 +156,8 @@ class Client:
         """The fitted state of ``pipeline`` whose version batches carry as
         ``state_version`` (a stream with ``[stats] mode = "refresh"`` makes new versions as
         rows arrive): its parameters by ``group/column/step``, to serve the model with."""
-        body = json.dumps({"pipeline": pipeline, "version": int(version)}).encode()
+        body = json.dumps({"pipeline": _name("pipeline", pipeline),
+                           "version": _whole("version", version)}).encode()
         try:
             results = list(self._client.do_action(flight.Action("state", body), self._options))
         except (flight.FlightError, pa.ArrowException) as e:
@@ -164,11 +171,11 @@ class Client:
         return flight.Ticket(
             json.dumps(
                 {
-                    "pipeline": pipeline,
-                    "epoch": epoch,
-                    "rank": rank,
-                    "world_size": world_size,
-                    "start_step": start_step,
+                    "pipeline": _name("pipeline", pipeline),
+                    "epoch": _whole("epoch", epoch),
+                    "rank": _whole("rank", rank),
+                    "world_size": _whole("world_size", world_size),
+                    "start_step": _whole("start_step", start_step),
                 }
             ).encode()
         )
@@ -195,6 +202,7 @@ class Client:
         location ``GetFlightInfo`` names), whichever process this client connected to.
         """
         ticket = self.ticket(pipeline, rank, world_size, epoch, start_step)
+        rank, start_step = _whole("rank", rank), _whole("start_step", start_step)
         serving = self._serving(pipeline, rank)
         client, options = serving._client, serving._options
         return RankReader(
@@ -205,6 +213,23 @@ class Client:
             prepare=prepare,
             receive=receive,
         )
+
+
+def _name(what: str, value) -> str:
+    """``value``, which must be text (a pipeline's name)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    return value
+
+
+def _whole(what: str, value) -> int:
+    """``value`` as an int: ints and NumPy integers, not floats, text or bools."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}") from None
 
 
 def _uri(location) -> str:

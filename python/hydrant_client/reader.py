@@ -122,13 +122,18 @@ class RankReader:
         prepare: Optional[Callable[[Any], Any]] = None,
         receive: Optional[Callable[[Any], Any]] = None,
     ):
+        if isinstance(read_ahead, bool) or not isinstance(read_ahead, int):
+            raise TypeError(f"read_ahead must be an int, not {type(read_ahead).__name__}")
         if read_ahead < 1:
             raise ValueError(f"read_ahead must be at least 1, not {read_ahead}")
         self.rank = rank
         self.stall_seconds = 0.0
         self.steps_read = 0
         self._receive = receive
+        self._start = start_step
         self._done = False
+        # Closed before the stream ended: iterating on must not look like the epoch's end.
+        self._closed = False
         self._pump = _Pump(open_stream, rank, start_step, read_ahead, prepare)
         self._thread = threading.Thread(
             target=self._pump.run, name=f"hydrant-rank-{rank}", daemon=True
@@ -141,6 +146,12 @@ class RankReader:
         return self
 
     def __next__(self):
+        if self._closed:
+            step = self._start + self.steps_read
+            raise HydrantError(
+                f"rank {self.rank}'s reader was closed before the epoch's last step: read "
+                f"on with a new one from start_step={step}"
+            )
         if self._done:
             raise StopIteration
         waited = time.perf_counter()
@@ -157,7 +168,9 @@ class RankReader:
         return self._receive(item) if self._receive else item
 
     def close(self) -> None:
-        """Cancels the stream and stops the reader thread."""
+        """Cancels the stream and stops the reader thread. Iterating a reader closed
+        before its last step raises ``HydrantError`` (not the end of the epoch)."""
+        self._closed = not self._done
         self._done = True
         self._pump.cancel()
         self._thread.join(timeout=10)

@@ -112,6 +112,32 @@ def test_a_login_to_no_server_says_it_is_unreachable(serve):
         assert isinstance(e.value.__cause__, flight.FlightUnavailableError), repr(e.value)
 
 
+def test_arguments_of_the_wrong_type_are_named(serve):
+    # Found by a hostile run: these gave "'<=' not supported between instances of 'int'
+    # and 'str'", "list indices must be integers", "'NoneType' object has no attribute
+    # 'encode'" and the like.
+    import numpy as np
+
+    s = serve()
+    c = Client(s.uri)
+    for call, message in [
+        (lambda: c.batches("criteo", "0", 1), "rank must be an int, not str"),
+        (lambda: c.batches("criteo", 0.0, 1), "rank must be an int, not float"),
+        (lambda: c.batches("criteo", 0, None), "world_size must be an int, not NoneType"),
+        (lambda: c.batches(b"criteo", 0, 1), "pipeline must be a str, not bytes"),
+        (lambda: c.batches("criteo", 0, 1, start_step=True), "start_step must be an int, not bool"),
+        (lambda: c.batches("criteo", 0, 1, read_ahead="2"), "read_ahead must be an int, not str"),
+        (lambda: c.end_ingest(None), "pipeline must be a str, not NoneType"),
+        (lambda: c.commit("criteo", "3"), "step must be an int, not str"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            call()
+    with pytest.raises(HydrantError, match="push takes a pyarrow Table or RecordBatches.*not str"):
+        c.push("criteo", {"a": [1]})
+    # NumPy integers are ints.
+    assert len(list(c.batches("criteo", np.int64(0), np.int32(1)))) > 0
+
+
 def test_roles_expiry_and_throttled_logins(serve, tmp_path):
     import time
 

@@ -117,6 +117,10 @@ def test_read_ahead_is_bounded_and_overlaps_the_consumer(serve):
     assert [b.step for b in [first] + rest] == [0, 1, 2, 3]
     reader.close()
     assert not reader._thread.is_alive()
+    # Iterating a reader closed mid-epoch is an error saying where to go on, not what
+    # the epoch's end looks like (found by a hostile run: `list(reader)` was `[]`).
+    with pytest.raises(HydrantError, match="closed before the epoch's last step.*start_step=4"):
+        list(reader)
     # Closing cancelled the stream; a new reader of the rank gets the rest.
     again = list(Client(s.uri).batches("criteo", 0, 1, start_step=4))
     assert [b.step for b in again] == list(range(4, -(-ROWS // 200)))
