@@ -55,15 +55,7 @@ fn bad_files_are_named() {
     // fitted before spares the fit's reading): the input is named once, with no prefix
     // saying which layers passed the error on ("dataflow: worker: input …").
     let state = p("state.json");
-    hydrant_ok(&[
-        "fit",
-        "--pipeline",
-        toml,
-        "--input",
-        &input,
-        "--out",
-        &state,
-    ]);
+    fit_criteo(std::path::Path::new(&input), std::path::Path::new(&state));
     let mut pages = bytes.clone();
     for b in &mut pages[bytes.len() / 3..bytes.len() / 2] {
         *b = 0x5a;
