@@ -475,3 +475,76 @@ fn a_lost_spool_segment_fails_the_stream_after_what_came_before_it() {
         assert!(!ended.contains(&*dir.path().to_string_lossy()), "{ended}");
     });
 }
+
+/// Found by a hostile run: the newest spool segment cut short at a record boundary (or
+/// emptied) after a commit was taken without a word: its acknowledged rows were never
+/// delivered, and producers' retries of them were acknowledged as duplicates, so they
+/// could not be pushed again. The commit records the rows admitted when it was made;
+/// a replay that ends before them fails the input, and the retry is refused saying so.
+#[test]
+fn a_newest_segment_cut_short_after_a_commit_is_refused_not_taken_as_the_end() {
+    const ROWS: usize = 20_000; // ~0.5 MiB spooled per batch, ~3 per 1 MiB segment
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let rt = runtime();
+    {
+        let (_server, uri) = serve_spooled(dir.path(), &spool, 1);
+        rt.block_on(async {
+            let reader = tokio::spawn({
+                let uri = uri.clone();
+                async move { read_steps(&uri, 0, usize::MAX).await }
+            });
+            assert!(push_all(&uri, "p", 0..8, ROWS).await.is_empty());
+            let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+            let started = std::time::Instant::now();
+            while let Err(e) = client.commit("pushed", 10).await {
+                assert!(started.elapsed().as_secs() < 30, "{e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            reader.abort();
+        });
+    }
+    let newest = *spool_first_rows(&spool).last().unwrap();
+    assert!(newest > 10_000, "{newest}");
+    let path = spool.join(format!("pushed-{newest:020}.spool"));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+
+    let (_server, uri) = serve_spooled(dir.path(), &spool, 1);
+    rt.block_on(async {
+        // The replay, which pushes wait for, waits for a trainer to read (whose stream
+        // then ends with the input's failure).
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move {
+                let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+                let mut stream = client.steps(&ticket(10)).await.unwrap();
+                while let Some(Ok(_)) = stream.next_step().await {}
+            }
+        });
+        let channel = tonic::transport::Channel::from_shared(uri.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = FlightServiceClient::new(channel);
+        // The last batch again, as after a lost acknowledgement.
+        let messages = produced(batch(ROWS), Some(("p", 7))).await;
+        let retried = async {
+            let response = client.do_put(futures::stream::iter(messages)).await?;
+            response.into_inner().try_collect::<Vec<_>>().await
+        };
+        let err = retried.await.expect_err("a lost batch was acknowledged");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+        assert!(
+            err.message().contains("acknowledged rows are missing")
+                && err.message().contains("160000 had been admitted"),
+            "{err}"
+        );
+        reader.abort();
+    });
+}

@@ -401,6 +401,7 @@ impl ServedPipeline {
                     replaying: false,
                     skip_below: 0,
                     replay_failed: None,
+                    committed_rows_in: None,
                     input_failed: Arc::default(),
                     end_record: None,
                     refresh,

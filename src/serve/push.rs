@@ -16,7 +16,7 @@ use hydrant_operators::{FittedState, Transformer};
 use super::fresh::Freshness;
 use super::refresh::{Known, Piece, Refresh};
 use super::run::lock;
-use super::spool::{Commit, Committer, Record, Replay, Spool};
+use super::spool::{COMMIT_FILE, Commit, Committer, Record, Replay, Spool};
 use super::stream::Runs;
 use crate::delivery::Placement;
 use crate::runtime::PushedRows;
@@ -67,6 +67,9 @@ pub(super) struct Ingest {
     pub skip_below: u64,
     /// Why the spool could not be admitted again: nothing more is taken on top of it.
     pub replay_failed: Option<String>,
+    /// The rows the last commit saw admitted ([`Commit::rows_in`]): the spool's replay
+    /// must reach them.
+    pub committed_rows_in: Option<u64>,
     /// Where the run's streams learn that the input failed ([`Run::input_failed`]). Not the
     /// run's error slot: the dataflow would stop at once, and the complete steps it holds
     /// would be lost with it.
@@ -402,6 +405,7 @@ impl Pushed {
             st.spool = Some(spool);
             st.next_row = records.first_row();
             if records.is_empty() {
+                self.check_replayed(&mut st);
                 return;
             }
             st.replaying = true;
@@ -427,6 +431,7 @@ impl Pushed {
                 }
                 this.counts.replayed.fetch_add(1, Ordering::Relaxed);
             }
+            this.check_replayed(&mut st);
             st.replaying = false;
             drop(st);
             this.replayed.notify_all();
@@ -442,6 +447,28 @@ impl Pushed {
 }
 
 impl Pushed {
+    /// Fails the input if the spool replayed fewer rows than the last commit saw admitted:
+    /// a segment was cut short or replaced after it was synced (a torn last record is
+    /// only ever one that was not acknowledged). Producers' retries of the lost batches
+    /// would otherwise be answered as duplicates, and the rows never delivered.
+    fn check_replayed(&self, st: &mut Ingest) {
+        let Some(want) = st.committed_rows_in else {
+            return;
+        };
+        if st.replay_failed.is_some() || st.next_row >= want {
+            return;
+        }
+        let why = format!(
+            "the spool in --state-dir holds stream rows up to {}, but {COMMIT_FILE} was \
+             written when {want} had been admitted: acknowledged rows are missing from its \
+             newest segment (cut short or replaced); restore it, or start with an empty \
+             --state-dir",
+            st.next_row
+        );
+        hydrant_operators::log_line!("hydrant: {why}");
+        fail_locked(st, &self.counts, why);
+    }
+
     /// Keeps refreshed statistics' versions in `dir` and takes up what an earlier server
     /// kept there (see [`Refresh::keep_in`]); nothing without `[stats]` refresh.
     pub fn keep_versions(
@@ -500,6 +527,7 @@ impl Pushed {
         }
         let mut st = lock(&self.state);
         st.skip_below = commit.row;
+        st.committed_rows_in = commit.rows_in;
         *lock(&self.admitted) = commit.admitted.clone().into_iter().collect();
         lock(&self.commits).last = Some(commit.step);
         self.counts
@@ -539,6 +567,8 @@ impl Pushed {
                 row,
                 admitted,
                 keep: (counts_from < row).then_some(counts_from),
+                // Stored once each batch is spooled and synced: never more than is durable.
+                rows_in: Some(self.counts.rows_in.load(Ordering::SeqCst)),
             };
             deleted = committer
                 .commit(&commit)

@@ -101,7 +101,7 @@ impl Known {
             return Some(s.to_json());
         }
         let path = self.dir.as_ref()?.join(state_file(version));
-        std::fs::read_to_string(path).ok()
+        hydrant_operators::read_small_text(&path, 4 << 30).ok()
     }
 
     fn add(&mut self, state: Arc<FittedState>) {
@@ -273,7 +273,7 @@ impl Refresh {
             ));
         }
         let snapshot_path = dir.join(snapshot_file(last.seq));
-        let snapshot: Snapshot = match std::fs::read(&snapshot_path) {
+        let snapshot: Snapshot = match hydrant_operators::read_small_file(&snapshot_path, 4 << 30) {
             Ok(bytes) => {
                 serde_json::from_slice(&bytes).map_err(|e| state_error(&snapshot_path, &e))?
             }
@@ -316,9 +316,7 @@ impl Refresh {
         let mut known = lock(&self.known);
         for line in &kept[first..] {
             let path = dir.join(state_file(line.version));
-            let text = std::fs::read_to_string(&path).map_err(|e| state_error(&path, &e))?;
-            let state = FittedState::from_json(&text).map_err(|e| state_error(&path, &e))?;
-            let state = Arc::new(state);
+            let state = Arc::new(crate::read_state(&path)?);
             known.add(state.clone());
             self.versions.push_back(Version { line: *line, state });
         }

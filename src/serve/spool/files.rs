@@ -123,9 +123,13 @@ pub fn read_commit(dir: &Path) -> Result<Option<Commit>> {
     read_json(&dir.join(COMMIT_FILE))
 }
 
-/// The JSON file at `path` read as a `T`, if it is there.
+/// The largest state JSON file read (`commit.json` names every producer).
+const MAX_JSON_BYTES: u64 = 256 << 20;
+
+/// The JSON file at `path` read as a `T`, if it is there: a regular file (a FIFO put in
+/// its place would block the start forever, `/dev/zero` fill the memory).
 pub(super) fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    match std::fs::read(path) {
+    match hydrant_operators::read_small_file(path, MAX_JSON_BYTES) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| state_error(path, &e)),

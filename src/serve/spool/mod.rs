@@ -62,6 +62,11 @@ pub struct Commit {
     /// the rows from their last refresh point again after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep: Option<u64>,
+    /// The stream rows admitted (each made durable before it was acknowledged) when the
+    /// commit was made: a spool that replays fewer has lost acknowledged rows. Commits
+    /// written before this was recorded have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_in: Option<u64>,
 }
 
 impl Commit {
@@ -157,7 +162,15 @@ impl Spool {
                 .write(i == last)
                 .open(path)
                 .map_err(|e| state_error(path, &e))?;
-            let len = file.metadata().map_err(|e| state_error(path, &e))?.len();
+            let meta = file.metadata().map_err(|e| state_error(path, &e))?;
+            if !meta.is_file() {
+                // A FIFO would block the scan forever, `/dev/null` read as an empty log.
+                return Err(state_error(
+                    path,
+                    &"is not a regular file (a FIFO, device, socket or folder)",
+                ));
+            }
+            let len = meta.len();
             let scanned = whole_records(&file).map_err(|e| state_error(path, &e))?;
             let whole = scanned.whole;
             if whole < len {
@@ -477,6 +490,40 @@ mod tests {
         assert_eq!(opened.replay.count(), 5);
     }
 
+    /// Found by a hostile run: a FIFO in place of a state file blocked the start forever,
+    /// and `/dev/zero` as `commit.json` grew the process until the kernel killed it; a
+    /// segment that is `/dev/null` was read as an empty log. Each is refused, naming it.
+    #[test]
+    fn state_files_that_are_not_regular_files_are_refused() {
+        let fifo = |path: &Path| {
+            let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: `name` is a NUL-terminated path that lives across the call.
+            assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        };
+        for (file, make) in [
+            (COMMIT_FILE, "fifo"),
+            (HEAD_FILE, "fifo"),
+            (COMMIT_FILE, "/dev/zero"),
+            ("pushed-00000000000000000000.spool", "fifo"),
+            ("pushed-00000000000000000000.spool", "/dev/null"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(file);
+            match make {
+                "fifo" => fifo(&path),
+                device => std::os::unix::fs::symlink(device, &path).unwrap(),
+            }
+            let err = Spool::open(dir.path(), SEGMENT_BYTES)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains(file) && err.contains("not a regular file"),
+                "{file} as {make}: {err}"
+            );
+        }
+    }
+
     /// Only the last record can be torn: a bad record with whole ones after it (a flipped
     /// byte, a broken length) is an error that changes nothing, where it used to be cut off
     /// with every record after it. A torn tail of zeros (a file system that grew the file
@@ -564,6 +611,7 @@ mod tests {
             row: 7,
             admitted: [("p".to_string(), 4)].into(),
             keep: None,
+            rows_in: None,
         };
         // Rows 0..6 are wholly before row 7; the segment holding it stays.
         assert_eq!(opened.spool.committer().commit(&commit).unwrap(), 2);
@@ -659,6 +707,7 @@ mod tests {
             row: 8,
             admitted: Default::default(),
             keep: None,
+            rows_in: None,
         };
         std::fs::write(
             dir.path().join(COMMIT_FILE),
