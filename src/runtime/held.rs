@@ -30,6 +30,10 @@ impl Held {
     /// Holds `batch`, whose first row is at position `first`, right after the rows held.
     pub fn push(&mut self, first: u64, batch: RecordBatch) -> Result<(), ArrowError> {
         let n = batch.num_rows();
+        if n == 0 {
+            // Nothing to place; held, it would never be ready and stop every row after it.
+            return Ok(());
+        }
         if n >= JOIN_BELOW {
             self.join()?;
             self.batches.push_back((first, batch));
@@ -59,6 +63,9 @@ impl Held {
         while let Some((first, batch)) = self.batches.pop_front() {
             let n = batch.num_rows() as u64;
             let ready = end.saturating_sub(first).min(n);
+            if n == 0 {
+                continue;
+            }
             if ready == 0 {
                 self.batches.push_front((first, batch));
                 break;
@@ -123,6 +130,18 @@ mod tests {
         assert_eq!(ids, (2500..3003).collect::<Vec<_>>());
         let (ids, _) = take(&mut held, u64::MAX);
         assert_eq!(ids, (3003..at).collect::<Vec<_>>());
+    }
+
+    /// An empty push (a batch whose rows were all before a commit's row, say) is not
+    /// held: a batch with no rows is never ready, and the rows after it would wait on it.
+    #[test]
+    fn an_empty_batch_holds_nothing_up() {
+        let mut held = Held::default();
+        held.push(0, rows(0, 0)).unwrap();
+        held.push(0, rows(0, 3000)).unwrap();
+        held.push(3000, rows(3000, 0)).unwrap();
+        held.push(3000, rows(3000, 5)).unwrap();
+        assert_eq!(take(&mut held, 3005).0, (0..3005).collect::<Vec<_>>());
     }
 
     /// Found by a hostile run: one-row pushes into a shuffled stream held every row as a
