@@ -539,7 +539,7 @@ pub fn read_state(path: &Path) -> Result<FittedState> {
 }
 
 /// The largest fitted state file read (vocabularies of millions of values fit easily).
-const MAX_STATE_BYTES: u64 = 4 << 30;
+pub(crate) const MAX_STATE_BYTES: u64 = 4 << 30;
 
 /// Starts `job` on `cluster` with the rank batches of this process's ranks going to one
 /// loader per rank (see [`loader::spawn`]). An error here comes before this process has

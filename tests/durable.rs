@@ -13,8 +13,8 @@ use futures::{StreamExt, TryStreamExt};
 
 mod common;
 use common::pushed::{
-    batch, end_ingest, keep_steps, produced, push_all, read_steps, runtime, spool_first_rows,
-    spool_segments, start_with, ticket,
+    batch, end_ingest, flight_client, keep_steps, produced, push_all, read_steps, runtime,
+    spool_first_rows, spool_segments, start_with, ticket,
 };
 
 /// The acknowledgement of a push of 50 rows by `origin` (`(producer, seq)`).
@@ -526,12 +526,7 @@ fn a_newest_segment_cut_short_after_a_commit_is_refused_not_taken_as_the_end() {
                 while let Some(Ok(_)) = stream.next_step().await {}
             }
         });
-        let channel = tonic::transport::Channel::from_shared(uri.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = FlightServiceClient::new(channel);
+        let mut client = flight_client(&uri).await;
         // The last batch again, as after a lost acknowledgement.
         let messages = produced(batch(ROWS), Some(("p", 7))).await;
         let retried = async {

@@ -16,7 +16,7 @@ use futures::TryStreamExt;
 use hydrant::operators::{FittedParam, FittedState};
 
 mod common;
-use common::pushed::runtime;
+use common::pushed::{flight_client, runtime};
 use common::{Server, serve};
 
 const PIPELINE: &str = r#"
@@ -92,12 +92,7 @@ fn start_with(dir: &Path, state_dir: &Path, extra: &[&str]) -> (Server, String) 
 
 /// Pushes batches `seqs` as producer `p` (batch `k` holds rows `k * PUSH..`).
 async fn push(uri: &str, seqs: std::ops::Range<u64>) {
-    let channel = tonic::transport::Channel::from_shared(uri.to_string())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = FlightServiceClient::new(channel);
+    let mut client = flight_client(uri).await;
     for seq in seqs {
         let path = vec!["ingest".into(), "fresh".into(), "p".into()];
         let mut messages: Vec<FlightData> = FlightDataEncoderBuilder::new()

@@ -16,13 +16,20 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
+    check_regular(&file)?;
+    Ok(file)
+}
+
+/// Fails unless `file` (opened already, perhaps for writing too) is a regular file: a
+/// FIFO's reads would block forever, and a device's be endless or empty.
+pub fn check_regular(file: &File) -> io::Result<()> {
     if !file.metadata()?.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "is not a regular file (a FIFO, device, socket or folder)",
         ));
     }
-    Ok(file)
+    Ok(())
 }
 
 /// Reads `path`, a regular file of at most `max` bytes.

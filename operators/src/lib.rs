@@ -57,7 +57,7 @@ mod vocabulary;
 
 pub use batch::Batch;
 pub use error::{OpError, QUOTED_CHARS, Result, quoted};
-pub use files::{open_regular, read_small_file, read_small_text};
+pub use files::{check_regular, open_regular, read_small_file, read_small_text};
 pub use fit::{FitPartial, Fitter};
 pub use group::{FeatureGroup, GroupKind, LabelSpec, LabelType};
 pub use operator::{ErrorSlot, Featurize};

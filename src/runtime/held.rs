@@ -63,9 +63,6 @@ impl Held {
         while let Some((first, batch)) = self.batches.pop_front() {
             let n = batch.num_rows() as u64;
             let ready = end.saturating_sub(first).min(n);
-            if n == 0 {
-                continue;
-            }
             if ready == 0 {
                 self.batches.push_front((first, batch));
                 break;

@@ -140,17 +140,8 @@ impl Manifest {
             .create(true)
             .open(&path)
             .map_err(|e| state_error(&path, &e))?;
-        if !file
-            .metadata()
-            .map_err(|e| state_error(&path, &e))?
-            .is_file()
-        {
-            // A FIFO would block the start forever, `/dev/zero` fill the memory.
-            return Err(state_error(
-                &path,
-                &"is not a regular file (a FIFO, device, socket or folder)",
-            ));
-        }
+        // A FIFO would block the start forever, `/dev/zero` fill the memory.
+        hydrant_operators::check_regular(&file).map_err(|e| state_error(&path, &e))?;
         let (mut admissions, mut whole, mut ended) = (Vec::<Admission>::new(), 0u64, None);
         let mut reader = std::io::BufReader::new(&file);
         let mut line = String::new();

@@ -158,6 +158,16 @@ pub async fn keep_steps(
     }
 }
 
+/// arrow-flight's generated client of the server at `uri`, for calls made by hand.
+pub async fn flight_client(uri: &str) -> FlightServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Channel::from_shared(uri.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    FlightServiceClient::new(channel)
+}
+
 /// Pushes batches `seqs` of `producer` (each of `rows` rows); returns which were
 /// acknowledged as duplicates.
 pub async fn push_all(
@@ -166,12 +176,7 @@ pub async fn push_all(
     seqs: std::ops::Range<u64>,
     rows: usize,
 ) -> Vec<u64> {
-    let channel = tonic::transport::Channel::from_shared(uri.to_string())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = FlightServiceClient::new(channel);
+    let mut client = flight_client(uri).await;
     let mut duplicates = Vec::new();
     for seq in seqs {
         let messages = produced(batch(rows), Some((producer, seq))).await;

@@ -101,7 +101,7 @@ impl Known {
             return Some(s.to_json());
         }
         let path = self.dir.as_ref()?.join(state_file(version));
-        hydrant_operators::read_small_text(&path, 4 << 30).ok()
+        hydrant_operators::read_small_text(&path, crate::pipeline::MAX_STATE_BYTES).ok()
     }
 
     fn add(&mut self, state: Arc<FittedState>) {
@@ -273,7 +273,10 @@ impl Refresh {
             ));
         }
         let snapshot_path = dir.join(snapshot_file(last.seq));
-        let snapshot: Snapshot = match hydrant_operators::read_small_file(&snapshot_path, 4 << 30) {
+        let snapshot: Snapshot = match hydrant_operators::read_small_file(
+            &snapshot_path,
+            crate::pipeline::MAX_STATE_BYTES,
+        ) {
             Ok(bytes) => {
                 serde_json::from_slice(&bytes).map_err(|e| state_error(&snapshot_path, &e))?
             }

@@ -162,15 +162,9 @@ impl Spool {
                 .write(i == last)
                 .open(path)
                 .map_err(|e| state_error(path, &e))?;
-            let meta = file.metadata().map_err(|e| state_error(path, &e))?;
-            if !meta.is_file() {
-                // A FIFO would block the scan forever, `/dev/null` read as an empty log.
-                return Err(state_error(
-                    path,
-                    &"is not a regular file (a FIFO, device, socket or folder)",
-                ));
-            }
-            let len = meta.len();
+            // A FIFO would block the scan forever, `/dev/null` read as an empty log.
+            hydrant_operators::check_regular(&file).map_err(|e| state_error(path, &e))?;
+            let len = file.metadata().map_err(|e| state_error(path, &e))?.len();
             let scanned = whole_records(&file).map_err(|e| state_error(path, &e))?;
             let whole = scanned.whole;
             if whole < len {
