@@ -123,7 +123,8 @@ pub(super) fn whole_records(file: &File) -> std::io::Result<Scanned> {
 /// segment of `len` bytes. Every record's body begins with its header's length (a few
 /// bytes' worth) and the header's JSON, `{"end":`: only where those are is a record
 /// tried. Pushed data may hold such bytes too; past `budget` bytes checked (four times what
-/// follows `from`, and 64 MiB), the answer is [`After::Unknown`].
+/// follows `from`, and 64 MiB), the answer is [`After::Unknown`]. Holes (a segment
+/// extended sparsely) read as zeros, which hold no mark: they are skipped, not read.
 fn whole_record_after(file: &File, from: u64, len: u64, mut budget: u64) -> std::io::Result<After> {
     const MARK: &[u8] = b"{\"end\":";
     // The head (12 bytes) and the header's length (4) come before the mark.
@@ -132,15 +133,14 @@ fn whole_record_after(file: &File, from: u64, len: u64, mut budget: u64) -> std:
     /// The longest header a record has (its producer's name is at most a few hundred
     /// bytes).
     const HEADER: u64 = 64 << 10;
+    let marks = memchr::memmem::Finder::new(MARK);
     let (mut chunk, mut body) = (vec![0u8; CHUNK as usize], Vec::new());
     let mut start = from + 1 + BEFORE;
-    while start < len {
+    while let Some(data) = next_data(file, start, len) {
+        start = data;
         let n = (len - start).min(CHUNK) as usize;
         file.read_exact_at(&mut chunk[..n], start)?;
-        for i in 0..n.saturating_sub(MARK.len() - 1) {
-            if &chunk[i..i + MARK.len()] != MARK {
-                continue;
-            }
+        for i in marks.find_iter(&chunk[..n]) {
             let at = start + i as u64 - BEFORE;
             let mut head = [0u8; 16];
             file.read_exact_at(&mut head, at)?;
@@ -165,6 +165,28 @@ fn whole_record_after(file: &File, from: u64, len: u64, mut budget: u64) -> std:
         start += (n as u64).saturating_sub(MARK.len() as u64 - 1).max(1);
     }
     Ok(After::Torn)
+}
+
+/// Where the first byte at or after `at` (and before `len`) that is not in a hole is, if
+/// there is one.
+#[cfg(any(target_os = "linux", target_os = "macos", target_os = "freebsd"))]
+fn next_data(file: &File, at: u64, len: u64) -> Option<u64> {
+    if at >= len {
+        return None;
+    }
+    match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(at)) {
+        Ok(data) => Some(data).filter(|&d| d < len),
+        // No data from `at` on.
+        Err(rustix::io::Errno::NXIO) => None,
+        // Holes cannot be asked about here: every byte counts as data.
+        Err(_) => Some(at),
+    }
+}
+
+/// Where holes cannot be asked about, every byte counts as data.
+#[cfg(not(any(target_os = "linux", target_os = "macos", target_os = "freebsd")))]
+fn next_data(_file: &File, at: u64, len: u64) -> Option<u64> {
+    (at < len).then_some(at)
 }
 
 /// The bytes of the whole record at byte `at` of a segment of `len` bytes (its checksum
@@ -376,6 +398,36 @@ mod tests {
                 _ => whole_record_after(&file, scanned.whole, len, budget).unwrap(),
             };
             assert_eq!(after, want, "case {k}");
+        }
+    }
+
+    /// A segment extended sparsely past a torn record: the hole is skipped, not read, and
+    /// a whole record after a hole is still found.
+    #[test]
+    fn holes_after_a_bad_record_are_skipped_but_not_what_follows_them() {
+        let good = record(b"rows");
+        let torn = &record(&[7u8; 100])[..50];
+        let hole = 256u64 << 20;
+        for whole_after in [false, true] {
+            let mut file = tempfile::tempfile().unwrap();
+            file.write_all(&[good.clone(), torn.to_vec()].concat())
+                .unwrap();
+            let end = file.metadata().unwrap().len() + hole;
+            file.set_len(end).unwrap();
+            if whole_after {
+                file.write_all_at(&good, end).unwrap();
+            }
+            let scanned = whole_records(&file).unwrap();
+            assert_eq!(scanned.whole, good.len() as u64);
+            let want = if whole_after {
+                After::Whole
+            } else {
+                After::Torn
+            };
+            assert_eq!(
+                scanned.after, want,
+                "a whole record after the hole: {whole_after}"
+            );
         }
     }
 }
