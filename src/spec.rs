@@ -281,7 +281,8 @@ impl PipelineSpec {
     }
 
     /// The input schema the pipeline implies when no file shows it (pushed input): string
-    /// columns for `vocab`/`hash_bucket` chains, float64 for the rest, float32 label.
+    /// columns for `vocab`/`hash_bucket` chains, int64 for an `ids` group's columns with no
+    /// steps (ids passed through), float64 for the rest, float32 label.
     /// Pushed batches are checked against the pipeline one by one, not against this.
     pub fn nominal_schema(&self) -> Schema {
         use arrow::datatypes::{DataType, Field};
@@ -299,11 +300,14 @@ impl PipelineSpec {
                 .steps
                 .iter()
                 .any(|s| matches!(s, Step::Vocab { .. } | Step::HashBucket(_)));
+            let passed_ids = g.kind == GroupKind::Ids && g.steps.is_empty();
             for c in &g.columns {
                 add(
                     c,
                     if strings {
                         DataType::Utf8
+                    } else if passed_ids {
+                        DataType::Int64
                     } else {
                         DataType::Float64
                     },
@@ -367,6 +371,19 @@ steps = ["fill_null(0)", "log1p", "standardize", "clip(-3, 3)"]
         ] {
             let e = with(bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    /// Pushed and followed input compile the plan against the nominal schema: an `ids`
+    /// column with no steps passes integers through, so it is nominally an integer.
+    #[test]
+    fn the_nominal_schema_compiles_for_every_kind_of_group() {
+        let ids = "name = \"t\"\nlabel = { column = \"y\" }\n[[group]]\nname = \"ids\"\n\
+                   kind = \"ids\"\ncolumns = [\"k\"]\nsteps = []\n[[group]]\nname = \"b\"\n\
+                   kind = \"ids\"\ncolumns = [\"x\"]\nsteps = [\"bucketize(0, 1)\"]\n";
+        for text in [GOOD, ids] {
+            let spec = PipelineSpec::from_toml(text, "t.toml").unwrap();
+            spec.plan(&spec.nominal_schema()).unwrap();
         }
     }
 

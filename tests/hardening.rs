@@ -20,6 +20,31 @@ fn err_within(limit: Duration, args: &[&str]) -> String {
     err
 }
 
+/// The one line of stderr of `hydrant ARGS`, which must exit non-zero within `limit`: one
+/// still running then (a server that took what it should refuse) is killed and fails.
+fn refused_within(limit: Duration, args: &[&str]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("{args:?} still runs after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    stderr
+}
+
 #[test]
 fn arguments_are_checked_before_anything_runs() {
     let (_dir, input) = small_criteo();
@@ -543,6 +568,59 @@ fn a_state_is_checked_against_its_version_and_invariants() {
     for path in ["/dev/null", dir.path().to_str().unwrap()] {
         let err = run(path);
         assert!(err.contains("not a regular file"), "{path}: {err}");
+    }
+}
+
+/// A state fitted on another chain is refused at start for followed and pushed input, as
+/// for files. It used to be taken: the server started, then skipped every followed file
+/// (and refused every push) for it, and the stream went on empty.
+#[test]
+fn a_state_fitted_on_another_chain_is_refused_at_start_for_every_input() {
+    let (dir, input) = small_criteo();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let fitted = std::fs::read_to_string(criteo_toml()).unwrap();
+    std::fs::write(path("fitted.toml"), &fitted).unwrap();
+    let state = path("state.json");
+    hydrant_ok(&[
+        "fit",
+        "--pipeline",
+        &path("fitted.toml"),
+        "--input",
+        &input,
+        "--out",
+        &state,
+    ]);
+    let changed = fitted.replace("fill_null(0)", "fill_null(1)");
+    assert_ne!(changed, fitted);
+    std::fs::write(path("changed.toml"), &changed).unwrap();
+    std::fs::write(
+        path("pushed.toml"),
+        format!("input = \"flight\"\n{changed}"),
+    )
+    .unwrap();
+    std::fs::create_dir(path("in")).unwrap();
+    let (changed, pushed, folder) = (path("changed.toml"), path("pushed.toml"), path("in"));
+    let cases: [&[&str]; 4] = [
+        &[
+            "serve",
+            "--pipeline",
+            &changed,
+            "--follow",
+            &folder,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &["run", "--pipeline", &changed, "--follow", &folder],
+        &["serve", "--pipeline", &pushed, "--listen", "127.0.0.1:0"],
+        &["run", "--pipeline", &changed, "--input", &input],
+    ];
+    for args in cases {
+        let args = [args, &["--state", &state]].concat();
+        let err = refused_within(Duration::from_secs(10), &args);
+        assert!(
+            err.contains("fill_null(0)") && err.contains("refit it"),
+            "{args:?}: {err}"
+        );
     }
 }
 

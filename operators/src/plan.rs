@@ -205,6 +205,19 @@ impl FeaturePlan {
         chains
     }
 
+    /// Fails where `state` was fitted for another pipeline or on another chain (see
+    /// [`check_chains`](Self::check_chains)); whether it holds every parameter is checked
+    /// when it is bound.
+    pub fn check_fitted_for(&self, state: &crate::FittedState) -> Result<()> {
+        if state.pipeline != self.pipeline {
+            return Err(OpError::State(format!(
+                "it was fitted for pipeline `{}`, not `{}`",
+                state.pipeline, self.pipeline
+            )));
+        }
+        self.check_chains(state)
+    }
+
     /// Fails where `state` was fitted on another chain than this plan's before a fitted
     /// step (a changed `fill_null`, a step added before `standardize`): its statistics
     /// describe other values. Keys the state has no chain for are not checked.

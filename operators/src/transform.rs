@@ -69,13 +69,7 @@ pub struct Transformer {
 impl FeaturePlan {
     /// Binds the plan to `state`, failing if a fitted step has no parameters in it.
     pub fn transformer(&self, state: &FittedState) -> Result<Transformer> {
-        if state.pipeline != self.pipeline {
-            return Err(OpError::State(format!(
-                "it was fitted for pipeline `{}`, not `{}`",
-                state.pipeline, self.pipeline
-            )));
-        }
-        self.check_chains(state)?;
+        self.check_fitted_for(state)?;
         // Vocabularies are the slow part (a hash-map entry per value): built on every core
         // first, then taken in the same column order below.
         let mut vocabs = self.build_vocabs(state).into_iter();

@@ -355,6 +355,11 @@ impl ServedPipeline {
         workers: usize,
     ) -> crate::Result<Self> {
         let plan = Arc::new(spec.plan(&spec.nominal_schema())?);
+        // Checked now, as a file pipeline's state is bound at start: otherwise every pushed
+        // batch and followed file would be refused one by one, and the stream go on empty.
+        if let Some(state) = &state {
+            plan.check_fitted_for(state)?;
+        }
         // Pushed rows have no known total: positions are output indices (no rank shares).
         let placement = delivery.plan.placement().stream();
         let refresh = match spec.stats.refreshes() {
