@@ -25,6 +25,9 @@ pub const ADMISSION_TO_DELIVERY: &str = "hydrant_admission_to_delivery_seconds";
 pub const EVENT_TIME_LAG: &str = "hydrant_event_time_lag_seconds";
 /// Counter: state versions made by a refreshed stream (`[stats] mode = "refresh"`).
 pub const STATE_VERSIONS: &str = "hydrant_state_versions_total";
+/// Counter: refreshed parameters whose statistics overflowed, kept as the version before
+/// had them from then on.
+pub const STATS_OVERFLOWED: &str = "hydrant_stats_overflowed_total";
 /// Counter: pushed batches rejected (label `reason`).
 pub const PUSH_REJECTED: &str = "hydrant_push_rejected_total";
 /// Counter: followed files skipped (wholly or from a bad batch on).

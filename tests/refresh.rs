@@ -368,6 +368,105 @@ fn a_killed_server_makes_the_same_versions_at_the_same_steps() {
     }
 }
 
+/// Pushes batch `seq` with `x` of row `huge` (if it holds it) set to 1e200, whose square
+/// overflows: the push's status.
+async fn push_with_huge(uri: &str, seq: u64, huge: u64) -> Result<(), tonic::Status> {
+    let rows = seq * PUSH..(seq + 1) * PUSH;
+    let plain = self::rows(rows.start, PUSH);
+    let xs: Float64Array = rows
+        .map(|r| Some(if r == huge { 1e200 } else { x(r) }))
+        .collect();
+    let batch = RecordBatch::try_new(plain.schema(), vec![Arc::new(xs), plain.column(1).clone()]);
+    let path = vec!["ingest".into(), "fresh".into(), "p".into()];
+    let mut messages: Vec<FlightData> = FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(FlightDescriptor::new_path(path)))
+        .build(futures::stream::iter([Ok(batch.unwrap())]))
+        .try_collect()
+        .await
+        .unwrap();
+    messages.last_mut().unwrap().app_metadata = format!(r#"{{"seq":{seq}}}"#).into();
+    let mut client = flight_client(uri).await;
+    let response = client.do_put(futures::stream::iter(messages)).await?;
+    let _: Vec<_> = response.into_inner().try_collect().await?;
+    Ok(())
+}
+
+/// One value of 1e200 after the first version makes the moments of every later refresh
+/// infinite (all rows so far count). `standardize` keeps the version before's mean and std
+/// from then on, the vocabulary still refreshes, nothing infinite reaches a batch or the
+/// state directory, and a restarted server replays the same batches from it: the versions
+/// used to carry `std: inf`, written as `null`, and the server refused its own state
+/// directory. Within the warmup no version can be fitted at all: pushes fail, saying why.
+#[test]
+fn statistics_that_overflow_keep_the_version_before_and_the_state_dir_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let state_dir = dir.path().join("sd");
+    let push_all = |uri: String| async move {
+        for seq in 0..ROWS / PUSH {
+            push_with_huge(&uri, seq, 300).await.unwrap();
+        }
+        end_ingest(&uri).await;
+    };
+    let first = {
+        let (_server, uri) = start(dir.path(), &state_dir);
+        rt.block_on(read_ranks(&uri, 0, u64::MAX, push_all(uri.clone())))
+    };
+    // Only the huge value itself is beyond float32 (this pipeline does not clip).
+    let infinite: usize = first
+        .iter()
+        .flatten()
+        .map(|step| {
+            let dense = step
+                .batch
+                .column_by_name("dense")
+                .unwrap()
+                .as_fixed_size_list();
+            let values = dense.values().as_primitive::<Float32Type>();
+            values.values().iter().filter(|v| !v.is_finite()).count()
+        })
+        .sum();
+    assert_eq!(infinite, 1);
+    let states: Vec<FittedState> = versions(&state_dir)
+        .iter()
+        .map(|(_, v, _, _)| hydrant::read_state(&state_dir.join(format!("state-{v}.json"))))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(states.len() > 2);
+    for s in &states[1..] {
+        assert_eq!(mean_std(s), mean_std(&states[0]));
+    }
+    assert_ne!(vocab(states.last().unwrap()), vocab(&states[0]));
+
+    let (_server, uri) = start(dir.path(), &state_dir);
+    let again = rt.block_on(read_ranks(&uri, 0, u64::MAX, async {}));
+    assert_eq!(again.len(), first.len());
+    for (got, want) in again.iter().zip(&first) {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!((&g.meta, &g.batch), (&w.meta, &w.batch));
+        }
+    }
+
+    let (_server, uri) = start(dir.path(), &dir.path().join("early"));
+    rt.block_on(async {
+        // Rows 0..250 are held for the first version; the next push reaches the warmup.
+        for seq in 0..5 {
+            push_with_huge(&uri, seq, 10).await.unwrap();
+        }
+        for seq in 5..7 {
+            let e = push_with_huge(&uri, seq, 10).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+            let says = [
+                "stream rows 0..256 cannot be fitted",
+                "dense/x/0",
+                "too large",
+            ];
+            assert!(says.iter().all(|s| e.message().contains(s)), "{e}");
+        }
+    });
+}
+
 /// What cannot be refreshed is refused at start, in one line.
 #[test]
 fn refreshing_what_cannot_be_refreshed_is_refused_at_start() {

@@ -168,49 +168,54 @@ impl FittedState {
     /// `max - min`, ascending boundaries, distinct vocabulary values.
     pub fn check(&self) -> Result<()> {
         for (key, param) in &self.params {
-            let bad = |reason: &str| {
-                Err(OpError::State(format!(
-                    "`{}`: {reason}",
-                    crate::error::quoted(key)
-                )))
-            };
-            match param {
-                FittedParam::Standardize { mean, std } => {
-                    if !mean.is_finite() || !std.is_finite() || *std < 0.0 {
-                        return bad("standardize needs a finite mean and a finite std >= 0");
-                    }
+            Self::check_param(key, param)?;
+        }
+        Ok(())
+    }
+
+    /// Checks one parameter (see [`check`](Self::check)); `key` names it in the error.
+    pub fn check_param(key: &str, param: &FittedParam) -> Result<()> {
+        let bad = |reason: &str| {
+            Err(OpError::State(format!(
+                "`{}`: {reason}",
+                crate::error::quoted(key)
+            )))
+        };
+        match param {
+            FittedParam::Standardize { mean, std } => {
+                if !mean.is_finite() || !std.is_finite() || *std < 0.0 {
+                    return bad("standardize needs a finite mean and a finite std >= 0");
                 }
-                FittedParam::MinMax { min, max } => {
-                    // Their difference scales every value: an infinite one (min -1e308,
-                    // max 1e308) would make them all infinite or NaN.
-                    if !min.is_finite() || !max.is_finite() || min > max || !(max - min).is_finite()
-                    {
-                        return bad("min_max needs finite min <= max, a finite distance apart");
-                    }
+            }
+            FittedParam::MinMax { min, max } => {
+                // Their difference scales every value: an infinite one (min -1e308,
+                // max 1e308) would make them all infinite or NaN.
+                if !min.is_finite() || !max.is_finite() || min > max || !(max - min).is_finite() {
+                    return bad("min_max needs finite min <= max, a finite distance apart");
                 }
-                FittedParam::Quantiles { boundaries } => {
-                    if boundaries.iter().any(|b| !b.is_finite())
-                        || boundaries.windows(2).any(|w| w[0] > w[1])
-                    {
-                        return bad("quantile boundaries must be finite and ascending");
-                    }
+            }
+            FittedParam::Quantiles { boundaries } => {
+                if boundaries.iter().any(|b| !b.is_finite())
+                    || boundaries.windows(2).any(|w| w[0] > w[1])
+                {
+                    return bad("quantile boundaries must be finite and ascending");
                 }
-                FittedParam::Vocab { values } | FittedParam::BoundedVocab { values, .. } => {
-                    if let FittedParam::BoundedVocab { unknown, .. } = param
-                        && *unknown < values.len() as u64
-                    {
-                        return bad("a vocabulary's unknown index is one of its values'");
-                    }
-                    // foldhash, not std's SipHash: SipHash inserts were about a sixth of the
-                    // samples while a state with large vocabularies loaded (perf).
-                    let mut seen = foldhash::HashSet::with_capacity_and_hasher(
-                        values.len(),
-                        foldhash::fast::RandomState::default(),
-                    );
-                    if let Some(dup) = values.iter().find(|v| !seen.insert(*v)) {
-                        let dup = crate::error::quoted(dup);
-                        return bad(&format!("vocabulary value `{dup}` appears twice"));
-                    }
+            }
+            FittedParam::Vocab { values } | FittedParam::BoundedVocab { values, .. } => {
+                if let FittedParam::BoundedVocab { unknown, .. } = param
+                    && *unknown < values.len() as u64
+                {
+                    return bad("a vocabulary's unknown index is one of its values'");
+                }
+                // foldhash, not std's SipHash: SipHash inserts were about a sixth of the
+                // samples while a state with large vocabularies loaded (perf).
+                let mut seen = foldhash::HashSet::with_capacity_and_hasher(
+                    values.len(),
+                    foldhash::fast::RandomState::default(),
+                );
+                if let Some(dup) = values.iter().find(|v| !seen.insert(*v)) {
+                    let dup = crate::error::quoted(dup);
+                    return bad(&format!("vocabulary value `{dup}` appears twice"));
                 }
             }
         }

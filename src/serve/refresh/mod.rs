@@ -64,6 +64,10 @@ struct Snapshot {
     seq: u64,
     at: u64,
     statistics: FitPartial,
+    /// Parameters whose statistics overflowed, no longer counted (see
+    /// [`Refresh::keep_unfit`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    overflowed: Vec<String>,
 }
 
 /// A version of the state.
@@ -133,6 +137,10 @@ pub(super) struct Refresh {
     counter: Counter,
     /// Vocabularies that are full: no longer counted.
     full: Vec<String>,
+    /// Parameters whose statistics overflowed: no longer counted either.
+    overflowed: Vec<String>,
+    /// Why no first version could be fitted: every later batch fails with it.
+    unfit: Option<String>,
     /// The rows before it (decayed).
     total: FitPartial,
     /// Rows counted: those before are in `total` or `fitter`.
@@ -216,6 +224,8 @@ impl Refresh {
             chains: plan.fitted_chains(),
             counter,
             full: Vec::new(),
+            overflowed: Vec::new(),
+            unfit: None,
             total: FitPartial::default(),
             counted: 0,
             last_at: 0,
@@ -286,6 +296,7 @@ impl Refresh {
                     seq: 0,
                     at: 0,
                     statistics: FitPartial::default(),
+                    overflowed: Vec::new(),
                 }
             }
             Err(e) => return Err(state_error(&snapshot_path, &e)),
@@ -326,6 +337,8 @@ impl Refresh {
         known.made = last.seq + 1;
         drop(known);
         self.total = snapshot.statistics;
+        self.counter.drop_statistics(snapshot.overflowed.clone())?;
+        self.overflowed = snapshot.overflowed;
         if let Some(latest) = self.versions.back().map(|v| v.state.clone()) {
             self.stop_counting_full(&latest)?;
         }
@@ -350,6 +363,9 @@ impl Refresh {
         first: u64,
         deliver_from: u64,
     ) -> std::result::Result<Vec<Piece>, ServeError> {
+        if let Some(why) = &self.unfit {
+            return Err(ServeError::FailedPrecondition(why.clone()));
+        }
         let mut out = Vec::new();
         let end = first + batch.num_rows() as u64;
         let mut pos = first;
@@ -423,6 +439,7 @@ impl Refresh {
         let prev = self.versions.back().map_or(empty, |v| v.state.clone());
         let mut params = BTreeMap::new();
         self.total.clone().finish_after(&prev, &mut params);
+        self.keep_unfit(&prev, &mut params, at)?;
         let state =
             Arc::new(FittedState::new(&self.pipeline, params).with_chains(self.chains.clone()));
         let first = self.versions.is_empty();
@@ -466,6 +483,55 @@ impl Refresh {
         Ok(())
     }
 
+    /// Keeps `prev`'s value of each parameter in `params` that the statistics can no
+    /// longer give: values so large that their moments overflow (one row of 1e200 makes a
+    /// variance infinite, and it stays so, as every row so far counts). Such a parameter is
+    /// no longer counted, as a full vocabulary is not, so later versions keep it too and
+    /// nothing infinite is written (JSON has no infinity: a state directory holding one
+    /// could not be read again). Without a version before, the stream cannot go on: this
+    /// batch and every later one fail with why, as `hydrant fit` refuses such data.
+    fn keep_unfit(
+        &mut self,
+        prev: &FittedState,
+        params: &mut BTreeMap<String, FittedParam>,
+        at: u64,
+    ) -> std::result::Result<(), ServeError> {
+        let unfit: Vec<(String, String)> = params
+            .iter()
+            .filter_map(|(k, p)| {
+                let e = FittedState::check_param(k, p).err()?;
+                Some((k.clone(), e.to_string()))
+            })
+            .collect();
+        let mut keys = Vec::new();
+        for (key, why) in unfit {
+            let why = format!(
+                "pipeline `{}`: the statistics of stream rows 0..{at} cannot be fitted: {why} \
+                 (values too large to fit: clip or rescale them)",
+                self.pipeline
+            );
+            let Some(kept) = prev.params.get(&key) else {
+                self.unfit = Some(why.clone());
+                return Err(ServeError::FailedPrecondition(why));
+            };
+            hydrant_operators::log_line!(
+                "hydrant: {why}; it stays as in version {} from now on",
+                prev.version
+            );
+            metrics::counter!(crate::metrics::STATS_OVERFLOWED).increment(1);
+            params.insert(key.clone(), kept.clone());
+            keys.push(key);
+        }
+        if !keys.is_empty() {
+            self.total.drop_statistics(&keys);
+            self.counter
+                .drop_statistics(keys.clone())
+                .map_err(internal)?;
+            self.overflowed.extend(keys);
+        }
+        Ok(())
+    }
+
     /// Stops counting the values of vocabularies `state` has filled: they take no more
     /// values, so their counts would only grow memory (every distinct value) and time.
     /// Rows counted from now on do not count them; the next versions keep them as they are.
@@ -502,6 +568,7 @@ impl Refresh {
                 seq: v.line.seq,
                 at: v.line.at,
                 statistics: self.total.clone(),
+                overflowed: self.overflowed.clone(),
             };
             let json = serde_json::to_vec(&snapshot).map_err(|e| state_error(&path, &e))?;
             write_synced(&path, &json)?;
