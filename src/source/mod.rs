@@ -320,16 +320,26 @@ impl Inputs {
             reason: format!("{}{}", one_line(e), modified_since(&path, modified)),
         };
         let file = open_regular(&f.path).map_err(|e| input_err(&e))?;
-        let len = file.metadata().map_err(|e| input_err(&e))?.len();
-        if len != f.len {
+        let meta = file.metadata().map_err(|e| input_err(&e))?;
+        if meta.len() != f.len {
             return Err(Error::Input {
                 path: f.path.clone(),
                 reason: format!(
-                    "is {len} bytes, {} when it was opened: it was truncated or rewritten since",
+                    "is {} bytes, {} when it was opened: it was truncated or rewritten since",
+                    meta.len(),
                     f.len
                 ),
             });
         }
+        if f.modified.is_some() && meta.modified().ok() != f.modified {
+            return Err(Error::Input {
+                path: f.path.clone(),
+                reason: "was modified after it was opened: it was rewritten since".into(),
+            });
+        }
+        // Watched while read: a rewrite in place at the same length would otherwise mix
+        // its new rows with the old ones read before it.
+        let watch = file.try_clone().ok();
         let batches: Box<
             dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send,
         > = match &f.format {
@@ -381,7 +391,9 @@ impl Inputs {
             seq: unit.first_seq,
             end,
             path: f.path.clone(),
+            len: f.len,
             modified: f.modified,
+            watch,
             done: false,
         }))
     }
@@ -398,11 +410,25 @@ struct Numbered {
     seq: u64,
     end: u64,
     path: PathBuf,
+    /// The file's length and modification time when it was opened, and the file, whose
+    /// metadata is checked after each batch is decoded: a write updates the modification
+    /// time before it changes any byte, so a batch that could hold rewritten bytes is
+    /// never handed on.
+    len: u64,
     modified: Option<SystemTime>,
+    watch: Option<std::fs::File>,
     done: bool,
 }
 
 impl Numbered {
+    /// Whether the file changed since it was opened (as far as its metadata tells).
+    fn changed(&self) -> bool {
+        let Some(meta) = self.watch.as_ref().and_then(|f| f.metadata().ok()) else {
+            return false;
+        };
+        meta.len() != self.len || (self.modified.is_some() && meta.modified().ok() != self.modified)
+    }
+
     fn fail(&mut self, reason: String) -> Option<Result<Batch>> {
         self.done = true;
         Some(Err(Error::Input {
@@ -457,6 +483,9 @@ impl Iterator for Numbered {
                 }
             }
         };
+        if self.changed() {
+            return self.fail("changed while it was read: its rows could mix two versions".into());
+        }
         let n = b.num_rows() as u64;
         if self.row + n > self.end {
             return self.fail("holds more rows than its footer says".into());
