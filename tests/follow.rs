@@ -173,6 +173,59 @@ fn a_folder_in_the_followed_folder_is_skipped_and_named() {
     });
 }
 
+/// A new file renamed in under the name of one already admitted is not read, and said so
+/// (status, log, metric); it used to be ignored without a word. A restart that must
+/// replay the first file then names the cause: it was replaced since it was admitted.
+#[test]
+fn a_file_put_in_place_of_an_admitted_one_is_told_and_blocks_its_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[1_000, 700], 47);
+    let (followed, state_dir) = (dir.path().join("followed"), dir.path().join("s"));
+    std::fs::create_dir_all(&followed).unwrap();
+    let rt = common::pushed::runtime();
+    rt.block_on(async {
+        let (mut server, uri) = serve_following(&followed, &state, &state_dir);
+        publish(&source.join("part-0.parquet"), &followed, "a.parquet");
+        admitted(&uri, 1).await;
+        publish(&source.join("part-1.parquet"), &followed, "a.parquet");
+        let mut s = status(&uri).await;
+        for _ in 0..400 {
+            if s["follow"]["skipped_files"] == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            s = status(&uri).await;
+        }
+        let skipped = s["follow"]["skipped"][0].to_string();
+        assert!(
+            skipped.contains("a.parquet") && skipped.contains("put in its place"),
+            "{s}"
+        );
+        assert_eq!(
+            (s["follow"]["files"].as_u64(), s["rows_in"].as_u64()),
+            (Some(1), Some(1_000))
+        );
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+    });
+    rt.block_on(async {
+        let (_server, uri) = serve_following(&followed, &state, &state_dir);
+        let mut failed = serde_json::Value::Null;
+        for _ in 0..400 {
+            failed = status(&uri).await["replay_failed"].clone();
+            if !failed.is_null() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        let failed = failed.to_string();
+        assert!(
+            failed.contains("a.parquet is") && failed.contains("changed or replaced since"),
+            "{failed}"
+        );
+    });
+}
+
 /// A followed folder renamed away while served admits nothing and says why in `status`
 /// (with no server path in it); renamed back, it is followed again from where it was,
 /// and every row of both files arrives once.

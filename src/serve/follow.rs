@@ -12,7 +12,7 @@
 //! at the same positions — from the last commit's row on, then follows new ones. Files
 //! are the user's: they are never deleted.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -266,6 +266,10 @@ impl FollowCounts {
     }
 }
 
+/// The names of the files listed so far, with the inode each had when first listed
+/// (`None`: recorded before a restart, not listed yet).
+type Seen = HashMap<String, Option<u64>>;
+
 /// Admits the files of a folder as they appear, on a thread of its own.
 pub(super) struct Follower {
     pub pushed: Weak<Pushed>,
@@ -302,7 +306,7 @@ impl Follower {
     /// goes or its input is ended.
     /// (`seen` holds the files recorded before, `replay` those of them to admit again.)
     pub fn run(mut self, seen: HashSet<String>, replay: Vec<Admission>) {
-        let mut seen = seen;
+        let mut seen: Seen = seen.into_iter().map(|n| (n, None)).collect();
         let mut todo: Vec<(Admission, bool)> = replay.into_iter().map(|a| (a, true)).collect();
         loop {
             match self.admit_all(std::mem::take(&mut todo)) {
@@ -354,8 +358,9 @@ impl Follower {
     }
 
     /// Eligible files not seen yet: in name order, or as a Spark file sink's log commits
-    /// them.
-    fn new_files(&mut self, seen: &mut HashSet<String>) -> Vec<String> {
+    /// them. A file seen before that is now another file (its inode changed: one renamed
+    /// over it, or the folder made again) is told once: its rows are not read.
+    fn new_files(&mut self, seen: &mut Seen) -> Vec<String> {
         let entries = std::fs::read_dir(&self.read.dir);
         self.counts.listed(entries.as_ref().err());
         let Ok(entries) = entries else {
@@ -372,7 +377,7 @@ impl Follower {
                         self.counts.skip(&f, "not a .parquet, .arrow or .ipc file");
                     }
                     Ok(f) => {
-                        if seen.insert(f.clone()) {
+                        if seen.insert(f.clone(), None).is_none() {
                             names.push(f);
                         }
                     }
@@ -381,20 +386,38 @@ impl Follower {
             }
             return names;
         }
-        let mut names = Vec::new();
+        let (mut names, mut inodes) = (Vec::new(), HashMap::new());
         for entry in entries.filter_map(|e| e.ok()) {
             let folder = entry.file_type().is_ok_and(|t| t.is_dir());
             match entry.file_name().into_string() {
                 // Told once, never admitted: a folder is not read (see `Reader::file`),
                 // and an admission would be recorded, and checked at a restart.
-                Ok(n) if folder && eligible(&n) && seen.insert(n.clone()) => {
+                Ok(n) if folder && eligible(&n) && seen.insert(n.clone(), None).is_none() => {
                     let why = format!(
                         "{n} is a folder: a followed folder's own files are read, not its \
                          sub-folders' (move the part files in, or follow the sub-folder)"
                     );
                     self.counts.skip(&n, &why);
                 }
-                Ok(n) if !folder && eligible(&n) && !seen.contains(&n) => names.push(n),
+                Ok(n) if !folder && eligible(&n) => {
+                    let inode = std::os::unix::fs::DirEntryExt::ino(&entry);
+                    match seen.get_mut(&n) {
+                        None => {
+                            inodes.insert(n.clone(), inode);
+                            names.push(n);
+                        }
+                        // Recorded before a restart: known from its first listing on.
+                        Some(known @ None) => *known = Some(inode),
+                        Some(Some(known)) if *known != inode => {
+                            *known = inode;
+                            let why = "another file was put in its place after it was \
+                                       admitted: its rows are not read (write each new file \
+                                       under a new name)";
+                            self.counts.skip(&n, why);
+                        }
+                        Some(Some(_)) => {}
+                    }
+                }
                 Ok(_) => {}
                 // Told once, not taken: the manifest and the clients name files in UTF-8.
                 Err(odd) => {
@@ -408,7 +431,7 @@ impl Follower {
         }
         names.sort();
         let names = self.settle.ready(&self.read.dir, names, Instant::now());
-        seen.extend(names.iter().cloned());
+        seen.extend(names.iter().map(|n| (n.clone(), inodes.get(n).copied())));
         names
     }
 
@@ -461,8 +484,9 @@ impl Follower {
                 Err(e) => format!("cannot be read ({})", crate::error::one_line(e)),
             };
             let why = format!(
-                "{} {now}; it was {was} bytes when first admitted: it changed while the \
-                 server was down, so the stream cannot be admitted again",
+                "{} {now}; it was {was} bytes when first admitted: it was changed or \
+                 replaced since, so the stream cannot be admitted again (a followed file \
+                 must not be written over)",
                 a.file
             );
             return Err(Stop::Failed(why));
@@ -479,8 +503,9 @@ impl Follower {
             && sum != Some(was)
         {
             let why = format!(
-                "{} holds other bytes than when first admitted (at the same length): it \
-                 changed while the server was down, so the stream cannot be admitted again",
+                "{} holds other bytes than when first admitted (at the same length): it was \
+                 changed or replaced since, so the stream cannot be admitted again (a \
+                 followed file must not be written over)",
                 a.file
             );
             return Err(Stop::Failed(why));
