@@ -205,6 +205,15 @@ impl FeaturePlan {
         chains
     }
 
+    /// A hash of what the plan makes of its input: every group's name, kind, columns and
+    /// steps, and the label. A stream recorded with one hash is featurized otherwise
+    /// under another.
+    pub fn features_hash(&self) -> u64 {
+        let groups: Vec<&FeatureGroup> = self.groups.iter().map(|g| &g.spec).collect();
+        let json = serde_json::to_vec(&(&groups, &self.label)).unwrap_or_default();
+        xxhash_rust::xxh64::xxh64(&json, 0)
+    }
+
     /// Fails where `state` was fitted for another pipeline or on another chain (see
     /// [`check_chains`](Self::check_chains)); whether it holds every parameter is checked
     /// when it is bound.

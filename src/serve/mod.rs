@@ -160,8 +160,8 @@ impl ServedPipeline {
     pub fn with_state_dir(self, dir: &std::path::Path, segment_bytes: u64) -> crate::Result<Self> {
         if let Some(ingest) = &self.ingest {
             let stream = spool::Stream {
-                pipeline: &self.name,
                 source: spool::Source::Pushed,
+                ..self.stream(ingest)
             };
             let claim = spool::claim(dir, self.delivery.plan.placement(), stream)?;
             let opened = Spool::open(dir, segment_bytes)?;
@@ -174,6 +174,17 @@ impl ServedPipeline {
             ingest.replay(opened.spool, opened.replay, self.runs.clone());
         }
         Ok(self)
+    }
+
+    /// The stream a state directory records for `ingest` (its source set by the caller).
+    fn stream(&self, ingest: &Pushed) -> spool::Stream<'_> {
+        let refreshed = ingest.lock().refresh.is_some();
+        spool::Stream {
+            pipeline: &self.name,
+            source: spool::Source::Pushed,
+            features: self.plan.features_hash(),
+            state_version: (!refreshed).then_some(self.state.version),
+        }
     }
 
     /// Starts pushed (or followed) input at `commit`, read from `state_dir`.
@@ -213,8 +224,8 @@ impl ServedPipeline {
         let (mut replay_from, mut deliver_from) = (0, 0);
         if let Some(sd) = state_dir {
             let stream = spool::Stream {
-                pipeline: &self.name,
                 source: spool::Source::Followed,
+                ..self.stream(&ingest)
             };
             ingest.hold(spool::claim(sd, self.delivery.plan.placement(), stream)?);
             let (m, rec) = follow::Manifest::open(sd)?;

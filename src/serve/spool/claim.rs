@@ -14,7 +14,7 @@ use rustix::fs::{FlockOperation, flock};
 use serde::{Deserialize, Serialize};
 
 use super::{read_json, state_error, write_synced};
-use crate::delivery::{ORDER_VERSION, Placement};
+use crate::delivery::{LastBatch, ORDER_VERSION, Placement};
 use crate::error::Result;
 
 /// The file in a state directory that records its stream's geometry.
@@ -30,13 +30,18 @@ pub enum Source {
     Followed,
 }
 
-/// The stream a state directory holds: its pipeline and source.
+/// The stream a state directory holds: its pipeline and source, and what featurizes it.
 #[derive(Debug, Clone, Copy)]
 pub struct Stream<'a> {
     /// The pipeline's name.
     pub pipeline: &'a str,
     /// What feeds it.
     pub source: Source,
+    /// A hash of the pipeline's groups and label (`FeaturePlan::features_hash`).
+    pub features: u64,
+    /// The version of the state it is served with; `None` where its statistics refresh
+    /// (the versions it made are checked against `--state` by themselves).
+    pub state_version: Option<u64>,
 }
 
 /// What decides which stream rows each step holds, and whose stream it is.
@@ -55,6 +60,15 @@ struct Geometry {
     pipeline: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     source: Option<Source>,
+    /// What the stream's steps hold and how the last is cut: a restart with another
+    /// pipeline chain, state or `--last-batch` would deliver other contents under the
+    /// same steps. `None` in a file written before they were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_batch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    features: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state_version: Option<u64>,
 }
 
 impl Geometry {
@@ -68,6 +82,12 @@ impl Geometry {
             seed: placement.shuffled().then(|| placement.seed()),
             pipeline: Some(stream.pipeline.to_string()),
             source: Some(stream.source),
+            last_batch: Some(match placement.last_batch() {
+                LastBatch::Pad => "pad".into(),
+                LastBatch::Drop => "drop".into(),
+            }),
+            features: Some(stream.features),
+            state_version: stream.state_version,
         }
     }
 
@@ -108,6 +128,21 @@ impl Geometry {
             "the input",
             self.source.map(source_name),
             now.source.map(source_name),
+        ))
+        .chain(recorded_in_both(
+            "--last-batch",
+            self.last_batch.clone(),
+            now.last_batch.clone(),
+        ))
+        .chain(recorded_in_both(
+            "the hash of the pipeline's groups, steps and label",
+            self.features,
+            now.features,
+        ))
+        .chain(recorded_in_both(
+            "the --state version",
+            self.state_version,
+            now.state_version,
         ))
         .filter(|(_, was, is)| was != is)
         .map(|(name, was, is)| format!("{name} was {was}, is {is}"))
@@ -331,11 +366,12 @@ fn check_geometry(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::LastBatch;
 
     const PUSHED: Stream<'static> = Stream {
         pipeline: "p",
         source: Source::Pushed,
+        features: 11,
+        state_version: Some(21),
     };
 
     #[test]
@@ -455,15 +491,39 @@ mod tests {
             pipeline: "q",
             ..PUSHED
         };
+        // Or one featurized otherwise: the same steps would hold other values.
+        let chain = Stream {
+            features: 12,
+            ..PUSHED
+        };
+        let state = Stream {
+            state_version: Some(22),
+            ..PUSHED
+        };
         for (stream, named) in [
             (followed, "the input was pushed, is a followed folder"),
             (other, "the pipeline was p, is q"),
+            (chain, "groups, steps and label was 11, is 12"),
+            (state, "the --state version was 21, is 22"),
         ] {
             let err = check_geometry(dir.path(), &placement, stream, false)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(named), "{err}");
         }
+        // Refreshed statistics are checked by their own log; a last step cut otherwise.
+        let refreshed = Stream {
+            state_version: None,
+            ..PUSHED
+        };
+        check_geometry(dir.path(), &placement, refreshed, false).unwrap();
+        let dropped = Placement::new(2, 100, LastBatch::Drop, 7, None)
+            .unwrap()
+            .stream();
+        let err = check_geometry(dir.path(), &dropped, PUSHED, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--last-batch was pad, is drop"), "{err}");
         // Deleted from a directory whose spool records the newest segment (a server that
         // wrote it wrote this file first): refused, not taken for any geometry.
         let dir = tempfile::tempdir().unwrap();
