@@ -526,7 +526,7 @@ fn a_stream_that_cannot_be_replayed_ends_its_trainers_with_the_reason() {
     // What each damage leaves to deliver before the reason: p0's 3,000 rows when p1 is
     // the file that cannot be admitted again.
     for (damage, needle, steps_first) in [
-        (deleted, "p0.parquet cannot be read", 0),
+        (deleted, "p0.parquet is gone", 0),
         (cut, "p1.parquet is ", 3),
         (rewritten, "p0.parquet holds other bytes", 0),
     ] {

@@ -479,16 +479,25 @@ impl Follower {
             && let Some(was) = a.bytes
             && bytes.as_ref().ok() != Some(&was)
         {
-            let now = match &bytes {
-                Ok(n) => format!("is {n} bytes"),
-                Err(e) => format!("cannot be read ({})", crate::error::one_line(e)),
+            let why = match &bytes {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => format!(
+                    "{} is gone; it was {was} bytes when first admitted, so the stream \
+                     cannot be admitted again (a followed file must stay until every \
+                     trainer has committed past it; or --follow names another folder than \
+                     the one the stream was recorded from)",
+                    a.file
+                ),
+                now => format!(
+                    "{} {}; it was {was} bytes when first admitted: it was changed or \
+                     replaced since, so the stream cannot be admitted again (a followed \
+                     file must not be written over)",
+                    a.file,
+                    match now {
+                        Ok(n) => format!("is {n} bytes"),
+                        Err(e) => format!("cannot be read ({})", crate::error::one_line(e)),
+                    }
+                ),
             };
-            let why = format!(
-                "{} {now}; it was {was} bytes when first admitted: it was changed or \
-                 replaced since, so the stream cannot be admitted again (a followed file \
-                 must not be written over)",
-                a.file
-            );
             return Err(Stop::Failed(why));
         }
         // Only with a manifest to check it against: a whole extra read of the file, most
