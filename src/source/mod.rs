@@ -331,7 +331,7 @@ impl Inputs {
                 ),
             });
         }
-        if f.modified.is_some() && meta.modified().ok() != f.modified {
+        if modified_otherwise(&meta, f.modified) {
             return Err(Error::Input {
                 path: f.path.clone(),
                 reason: "was modified after it was opened: it was rewritten since".into(),
@@ -426,7 +426,7 @@ impl Numbered {
         let Some(meta) = self.watch.as_ref().and_then(|f| f.metadata().ok()) else {
             return false;
         };
-        meta.len() != self.len || (self.modified.is_some() && meta.modified().ok() != self.modified)
+        meta.len() != self.len || modified_otherwise(&meta, self.modified)
     }
 
     fn fail(&mut self, reason: String) -> Option<Result<Batch>> {
@@ -436,6 +436,11 @@ impl Numbered {
             path: self.path.clone(),
         }))
     }
+}
+
+/// Whether `meta` says its file was modified after `opened` (when that is known).
+fn modified_otherwise(meta: &std::fs::Metadata, opened: Option<SystemTime>) -> bool {
+    opened.is_some() && meta.modified().ok() != opened
 }
 
 /// What to say beside an error reading `path`: that it was modified after it was opened
