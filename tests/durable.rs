@@ -161,7 +161,9 @@ fn serve_spooled(
 /// A trainer commits its checkpoint's step: the spool's segments wholly before the rows
 /// that step needs are deleted, and a server SIGKILLed and restarted delivers from the
 /// committed step on — bit for bit the steps an uninterrupted server delivers — while a
-/// producer's retries of batches in deleted segments are still known as duplicates.
+/// producer's retries of batches in deleted segments are still known as duplicates. A
+/// commit of a step the killed server had delivered, sent as the new one starts, waits
+/// for the replay to reach it and is taken.
 #[test]
 fn a_commit_trims_the_spool_and_a_restarted_server_resumes_there_exactly() {
     const ROWS: usize = 20_000; // ~0.5 MiB spooled per batch, ~3 per 1 MiB segment
@@ -216,6 +218,19 @@ fn a_commit_trims_the_spool_and_a_restarted_server_resumes_there_exactly() {
 
         let (_server, uri) = with(&spool);
         let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        // A trainer that checkpointed at step 3000 (it had steps up to 3124) commits it at
+        // once: the restarted server has given no rank a step yet, and the commit waits
+        // for the steps from the spool rather than be refused.
+        let late = tokio::spawn({
+            let uri = uri.clone();
+            async move {
+                let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+                client
+                    .commit("pushed", 3000)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        });
         // Steps before the commit are gone; the trainer resumes at it.
         let err = match client.steps(&ticket(1499)).await {
             Err(e) => e.to_string(),
@@ -226,6 +241,8 @@ fn a_commit_trims_the_spool_and_a_restarted_server_resumes_there_exactly() {
             let uri = uri.clone();
             async move { read_steps(&uri, 1500, usize::MAX).await }
         });
+        let reply = late.await.unwrap().unwrap();
+        assert_eq!(reply["committed"], 3000, "{reply}");
         // The producers retry everything from their first batch: those acknowledged are
         // duplicates, also q's, whose segments were all deleted.
         assert_eq!(push_all(&uri, "q", 0..2, ROWS).await, [0, 1]);
@@ -235,7 +252,7 @@ fn a_commit_trims_the_spool_and_a_restarted_server_resumes_there_exactly() {
         );
         let status = client.status().await.unwrap();
         let pushed = &status["pipelines"][0]["pushed"];
-        assert_eq!(pushed["committed_step"], 1500, "{pushed}");
+        assert_eq!(pushed["committed_step"], 3000, "{pushed}");
         end_ingest(&uri).await;
         (whole, reader.await.unwrap())
     });

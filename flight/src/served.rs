@@ -164,6 +164,12 @@ pub trait Served: Send + Sync + 'static {
             self.name()
         )))
     }
+    /// Steps every rank has been given so far, as a receiver that sees the count grow,
+    /// for pipelines that take commits: `commit` waits on it a while for a step not given
+    /// yet (see [`COMMIT_WAIT`](crate::COMMIT_WAIT)). `None`: commits are answered at once.
+    fn steps_cut(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
     /// The fitted state whose version is `version` (what batches carry as
     /// `state_version`), as JSON (`state`). Called off the runtime's workers: it may
     /// read a file.

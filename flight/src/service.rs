@@ -30,6 +30,13 @@ use crate::ticket::Ticket;
 /// before it accepts again, rather than failing at once again and again: the Flight
 /// service here, and hydrant's metrics endpoint.
 pub const ACCEPT_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How long a `commit` of a step not yet given to every rank waits for it before it is
+/// refused. A restarted server gives the ranks the steps after the last commit again as
+/// their trainers reconnect, so a trainer that commits the step it checkpointed at just
+/// after a restart would otherwise be refused a step it holds. Waiting costs a task, not
+/// a thread.
+pub const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a failed login waits before its answer.
 const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -572,6 +579,11 @@ impl FlightService for FlightServer {
                         ))
                     })?;
                 let p = self.pipeline(&req.pipeline)?.clone();
+                if let Some(mut cut) = p.steps_cut() {
+                    // Answered by `commit` either way: a step still not given is refused.
+                    let given = cut.wait_for(|&cut| cut >= req.step);
+                    let _ = tokio::time::timeout(COMMIT_WAIT, given).await;
+                }
                 let reply = tokio::task::spawn_blocking(move || p.commit(req.step))
                     .await
                     .map_err(|e| Status::internal(e.to_string()))??;

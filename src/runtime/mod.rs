@@ -21,4 +21,4 @@ pub use gather::gather;
 pub use give_up::GIVE_UP_WAIT;
 pub use handshake::ClusterSecret;
 pub use heartbeat::Signals;
-pub use stream::{Delivering, PushedRows};
+pub use stream::{Delivering, PushedRows, StepsCut};

@@ -55,7 +55,7 @@ struct Shared {
     next: Vec<AtomicU64>,
     /// Steps every rank has been given: the least of `next` (kept by the caller, which
     /// reports it without taking a lock).
-    steps_cut: Arc<AtomicU64>,
+    steps_cut: StepsCut,
     /// `(first step, version)`: the state version each step is stamped with, from its
     /// first step on.
     versions: Mutex<Vec<(u64, u64)>>,
@@ -65,9 +65,50 @@ struct Shared {
     end: Arc<OnceLock<u64>>,
 }
 
+/// Steps every rank of a pushed stream has been given (a resumed stream's count starts at
+/// its first step), which only grows, with a way to wait for it: a restarted server gives
+/// the ranks the steps after the last commit again as its trainers reconnect, and a
+/// trainer's commit of one of those steps waits for that rather than fail.
+#[derive(Debug, Clone)]
+pub struct StepsCut(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Default for StepsCut {
+    fn default() -> Self {
+        StepsCut(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+}
+
+impl StepsCut {
+    /// Steps given to every rank.
+    pub fn get(&self) -> u64 {
+        *self.0.borrow()
+    }
+
+    /// Starts the count at `step` (a stream starting there).
+    pub fn set(&self, step: u64) {
+        self.0.send_replace(step);
+    }
+
+    /// Raises the count to `step`, if that is more.
+    fn raise(&self, step: u64) {
+        self.0.send_if_modified(|cut| {
+            let more = step > *cut;
+            if more {
+                *cut = step;
+            }
+            more
+        });
+    }
+
+    /// A receiver that sees the count change (for waiting on it).
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
 impl Shared {
     fn steps_cut(&self) -> u64 {
-        self.steps_cut.load(Ordering::SeqCst)
+        self.steps_cut.get()
     }
 
     fn versions(&self) -> std::sync::MutexGuard<'_, Vec<(u64, u64)>> {
@@ -112,9 +153,9 @@ pub struct PushedRows {
 impl PushedRows {
     /// Rows placed by `placement` (its stream form) and delivered from step `step` on as
     /// `to` says; `steps_cut` is kept at the steps every rank has been given.
-    pub fn new(placement: Placement, step: u64, steps_cut: Arc<AtomicU64>, to: Delivering) -> Self {
+    pub fn new(placement: Placement, step: u64, steps_cut: StepsCut, to: Delivering) -> Self {
         let placement = placement.stream();
-        steps_cut.store(step, Ordering::SeqCst);
+        steps_cut.set(step);
         let next = (0..placement.world_size()).map(|_| AtomicU64::new(step));
         let rows = placement.stream_start(step);
         PushedRows {
@@ -390,9 +431,7 @@ fn stamp(shared: &Shared, placement: &Placement, rb: &mut RankBatch) {
     rb.meta.positions = Some([span.start.min(rows), span.end.min(rows)]);
     shared.next[rank].fetch_max(step + 1, Ordering::SeqCst);
     let cut = shared.next.iter().map(|n| n.load(Ordering::SeqCst)).min();
-    shared
-        .steps_cut
-        .fetch_max(cut.unwrap_or(0), Ordering::SeqCst);
+    shared.steps_cut.raise(cut.unwrap_or(0));
 }
 
 #[cfg(test)]
@@ -437,7 +476,7 @@ mod tests {
                 (Some(tx), rx)
             })
             .unzip();
-        let mut out = PushedRows::new(placement, step, Arc::default(), to(senders, workers));
+        let mut out = PushedRows::new(placement, step, StepsCut::default(), to(senders, workers));
         push(&mut out);
         if !abandon {
             out.end().unwrap();
@@ -476,6 +515,37 @@ mod tests {
             out.push_as(rows(at, n as usize), 1).unwrap();
             at += n;
         }
+    }
+
+    /// The count of steps given only grows, and a task waiting for a step wakes when
+    /// another thread gives it.
+    #[test]
+    fn steps_cut_only_grows_and_wakes_who_waits_for_it() {
+        let cut = StepsCut::default();
+        let mut seen = cut.watch();
+        cut.raise(3);
+        cut.raise(2);
+        assert_eq!(cut.get(), 3);
+        let giver = cut.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let thread = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            giver.raise(5);
+        });
+        let waited = rt.block_on(async {
+            let given = seen.wait_for(|&c| c >= 5);
+            let within = std::time::Duration::from_secs(10);
+            tokio::time::timeout(within, given)
+                .await
+                .map(|r| r.map(|c| *c))
+        });
+        assert_eq!(waited.unwrap().unwrap(), 5);
+        thread.join().unwrap();
+        cut.set(1);
+        assert_eq!(cut.get(), 1, "a stream started anew starts its count anew");
     }
 
     #[test]
@@ -611,7 +681,7 @@ mod tests {
         let placement = Placement::new(1, 4, LastBatch::Pad, 0, None).unwrap();
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         drop(rx);
-        let mut out = PushedRows::new(placement, 0, Arc::default(), to(vec![Some(tx)], 1));
+        let mut out = PushedRows::new(placement, 0, StepsCut::default(), to(vec![Some(tx)], 1));
         let mut refused = None;
         for k in 0..1000 {
             if let Err(e) = out.push_as(rows(k * 4, 4), 1) {

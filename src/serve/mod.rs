@@ -115,7 +115,7 @@ impl ServedPipeline {
         self.replay_bytes = bytes;
         if let Some(ingest) = &self.ingest {
             // Nothing was pushed yet: the run of pushed input starts over with the new size.
-            let first = ingest.counts.steps_cut.load(Ordering::SeqCst);
+            let first = ingest.counts.steps_cut.get();
             self.new_pushed_run(ingest, first);
         }
         self
@@ -550,6 +550,10 @@ impl Served for ServedPipeline {
                 self.name
             ))),
         }
+    }
+
+    fn steps_cut(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.ingest.as_ref().map(|i| i.counts.steps_cut.watch())
     }
 
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError> {

@@ -19,7 +19,7 @@ use super::run::lock;
 use super::spool::{COMMIT_FILE, Commit, Committer, Record, Replay, Spool};
 use super::stream::Runs;
 use crate::delivery::Placement;
-use crate::runtime::PushedRows;
+use crate::runtime::{PushedRows, StepsCut};
 use crate::source::with_row_id;
 use crate::spec::PipelineSpec;
 
@@ -115,7 +115,7 @@ pub(super) struct PushCounts {
     /// Spool segments on disk.
     pub segments: AtomicU64,
     /// Steps every rank has been given (kept by the dataflow).
-    pub steps_cut: Arc<AtomicU64>,
+    pub steps_cut: StepsCut,
     /// The first stream row refreshed statistics still count (a commit keeps the input
     /// from there on); `u64::MAX` when nothing is refreshed.
     pub counts_from: AtomicU64,
@@ -500,7 +500,7 @@ impl Pushed {
             "durable": p.durable.load(Ordering::Relaxed),
             "replayed_records": p.replayed.load(Ordering::Relaxed),
             "replay_failed": self.replay_failed(),
-            "steps_cut": p.steps_cut.load(Ordering::SeqCst),
+            "steps_cut": p.steps_cut.get(),
             "committed_step": p.committed.load(Ordering::Relaxed).checked_sub(1),
             "spool_segments": p.segments.load(Ordering::Relaxed),
             "follow": follow,
@@ -533,7 +533,7 @@ impl Pushed {
         self.counts
             .committed
             .store(commit.step + 1, Ordering::Relaxed);
-        self.counts.steps_cut.store(commit.step, Ordering::SeqCst);
+        self.counts.steps_cut.set(commit.step);
         Ok(())
     }
 
@@ -544,7 +544,7 @@ impl Pushed {
     /// Takes no lock a producer holds while it waits for queue space, so a trainer that
     /// commits between steps cannot stall the producers that feed it (nor they it).
     pub fn commit(&self, step: u64) -> Result<serde_json::Value, ServeError> {
-        let cut = self.counts.steps_cut.load(Ordering::SeqCst);
+        let cut = self.counts.steps_cut.get();
         if step > cut {
             return Err(ServeError::FailedPrecondition(format!(
                 "step {step} is not delivered yet (every rank has steps up to {cut} only); \
