@@ -7,11 +7,13 @@ use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, Int64Type, UInt64Type};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+pub mod follow;
 pub mod pushed;
 
 /// The criteo pipeline shipped in examples/.
@@ -60,6 +62,54 @@ pub fn hydrant_err(args: &[&str]) -> String {
     );
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
     stderr
+}
+
+/// `hydrant_err`, also asserting it took under `limit`.
+pub fn err_within(limit: Duration, args: &[&str]) -> String {
+    let t = Instant::now();
+    let err = hydrant_err(args);
+    assert!(t.elapsed() < limit, "{args:?} took {:?}", t.elapsed());
+    err
+}
+
+/// The one line of stderr of `hydrant ARGS`, which must exit non-zero within `limit`: one
+/// still running then (a server that took what it should refuse) is killed and fails.
+pub fn refused_within(limit: Duration, args: &[&str]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("{args:?} still runs after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    stderr
+}
+
+/// Writes `batches` as an Arrow IPC stream (`stream`) or file.
+pub fn write_ipc(path: &Path, batches: &[RecordBatch], stream: bool) {
+    let file = std::fs::File::create(path).unwrap();
+    let schema = batches[0].schema();
+    if stream {
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(file, &schema).unwrap();
+        batches.iter().for_each(|b| w.write(b).unwrap());
+        w.finish().unwrap();
+    } else {
+        let mut w = arrow::ipc::writer::FileWriter::try_new(file, &schema).unwrap();
+        batches.iter().for_each(|b| w.write(b).unwrap());
+        w.finish().unwrap();
+    }
 }
 
 /// Generates a Criteo-like file of `rows` rows.
