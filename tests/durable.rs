@@ -500,28 +500,74 @@ fn a_lost_spool_segment_fails_the_stream_after_what_came_before_it() {
 /// a replay that ends before them fails the input, and the retry is refused saying so.
 #[test]
 fn a_newest_segment_cut_short_after_a_commit_is_refused_not_taken_as_the_end() {
-    const ROWS: usize = 20_000; // ~0.5 MiB spooled per batch, ~3 per 1 MiB segment
     let dir = tempfile::tempdir().unwrap();
     let spool = dir.path().join("spool");
     let rt = runtime();
+    eight_batches_committed_at_10(&rt, dir.path(), &spool);
+    empty_the_newest_segment(&spool);
+    refused_after_the_cut(&rt, dir.path(), &spool, 10);
+}
+
+/// Found by a review: a commit made while a restarted server replayed its spool recorded
+/// only the rows replayed so far as admitted, so a segment cut short after it went
+/// unnoticed; and a commit after the input failed recorded the shorter spool as whole.
+/// Now a commit records no fewer rows than the one before it, and a failed input takes no
+/// commit.
+#[test]
+fn a_commit_during_the_replay_keeps_the_rows_admitted_before_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let rt = runtime();
+    eight_batches_committed_at_10(&rt, dir.path(), &spool);
     {
         let (_server, uri) = serve_spooled(dir.path(), &spool, 1);
         rt.block_on(async {
-            let reader = tokio::spawn({
-                let uri = uri.clone();
-                async move { read_steps(&uri, 0, usize::MAX).await }
-            });
-            assert!(push_all(&uri, "p", 0..8, ROWS).await.is_empty());
+            let steps = read_steps(&uri, 10, 15).await;
+            assert_eq!(steps.len(), 15);
             let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
-            let started = std::time::Instant::now();
-            while let Err(e) = client.commit("pushed", 10).await {
-                assert!(started.elapsed().as_secs() < 30, "{e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            reader.abort();
+            let reply = client.commit("pushed", 20).await.unwrap();
+            assert_eq!(reply["committed"], 20, "{reply}");
         });
     }
-    let newest = *spool_first_rows(&spool).last().unwrap();
+    let commit = std::fs::read(spool.join("commit.json")).unwrap();
+    let commit: serde_json::Value = serde_json::from_slice(&commit).unwrap();
+    assert_eq!(commit["step"], 20, "{commit}");
+    assert_eq!(commit["rows_in"], 160_000, "{commit}");
+    empty_the_newest_segment(&spool);
+    refused_after_the_cut(&rt, dir.path(), &spool, 20);
+}
+
+/// Rows per pushed batch of the cut-short tests: ~0.5 MiB spooled each, ~3 per 1 MiB
+/// segment.
+const CUT_ROWS: usize = 20_000;
+
+/// Eight batches of `CUT_ROWS` pushed by producer `p` to a spooled server, whose trainer
+/// commits step 10.
+fn eight_batches_committed_at_10(
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    spool: &std::path::Path,
+) {
+    let (_server, uri) = serve_spooled(dir, spool, 1);
+    rt.block_on(async {
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read_steps(&uri, 0, usize::MAX).await }
+        });
+        assert!(push_all(&uri, "p", 0..8, CUT_ROWS).await.is_empty());
+        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        let started = std::time::Instant::now();
+        while let Err(e) = client.commit("pushed", 10).await {
+            assert!(started.elapsed().as_secs() < 30, "{e}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        reader.abort();
+    });
+}
+
+/// Empties the spool's newest segment, as a lost write or a careless copy might.
+fn empty_the_newest_segment(spool: &std::path::Path) {
+    let newest = *spool_first_rows(spool).last().unwrap();
     assert!(newest > 10_000, "{newest}");
     let path = spool.join(format!("pushed-{newest:020}.spool"));
     std::fs::OpenOptions::new()
@@ -530,8 +576,19 @@ fn a_newest_segment_cut_short_after_a_commit_is_refused_not_taken_as_the_end() {
         .unwrap()
         .set_len(0)
         .unwrap();
+}
 
-    let (_server, uri) = serve_spooled(dir.path(), &spool, 1);
+/// A server restarted on the spool of `eight_batches_committed_at_10` with its newest
+/// segment emptied, read from the last commit's step `committed`: the retry of the last
+/// batch and a commit are both refused, naming the missing rows.
+fn refused_after_the_cut(
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    spool: &std::path::Path,
+    committed: u64,
+) {
+    const ROWS: usize = CUT_ROWS;
+    let (_server, uri) = serve_spooled(dir, spool, 1);
     rt.block_on(async {
         // The replay, which pushes wait for, waits for a trainer to read (whose stream
         // then ends with the input's failure).
@@ -539,7 +596,7 @@ fn a_newest_segment_cut_short_after_a_commit_is_refused_not_taken_as_the_end() {
             let uri = uri.clone();
             async move {
                 let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
-                let mut stream = client.steps(&ticket(10)).await.unwrap();
+                let mut stream = client.steps(&ticket(committed)).await.unwrap();
                 while let Some(Ok(_)) = stream.next_step().await {}
             }
         });
@@ -557,6 +614,10 @@ fn a_newest_segment_cut_short_after_a_commit_is_refused_not_taken_as_the_end() {
                 && err.message().contains("160000 had been admitted"),
             "{err}"
         );
+        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        let err = client.commit("pushed", committed + 1).await;
+        let err = err.unwrap_err().to_string();
+        assert!(err.contains("the input failed"), "{err}");
         reader.abort();
     });
 }

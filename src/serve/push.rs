@@ -112,6 +112,9 @@ pub(super) struct PushCounts {
     pub durable: AtomicBool,
     /// The last committed step, plus one (0: none yet).
     pub committed: AtomicU64,
+    /// Rows the last commit saw admitted (durable): a commit made while the spool is
+    /// replayed records no fewer, or a segment cut short later would go unnoticed.
+    pub committed_rows_in: AtomicU64,
     /// Spool segments on disk.
     pub segments: AtomicU64,
     /// Steps every rank has been given (kept by the dataflow).
@@ -279,6 +282,16 @@ impl Pushed {
                 "the pushed input was ended (end_ingest)".into(),
             ));
         }
+        if live && let Some(o) = &origin {
+            let admitted = lock(&self.admitted);
+            if admitted.len() >= MAX_PRODUCERS && !admitted.contains_key(&o.producer) {
+                return Err(ServeError::ResourceExhausted(format!(
+                    "the stream has taken batches from {MAX_PRODUCERS} producers, the most whose \
+                     sequence numbers it keeps: a producer is a process that pushes, and names \
+                     every batch it pushes the same"
+                )));
+            }
+        }
         // Rows before a commit's row (replayed from its segment) are not delivered again.
         let skip = st.skip_below.saturating_sub(st.next_row).min(rows) as usize;
         let rejected = |_: &ServeError| {
@@ -440,8 +453,14 @@ impl Pushed {
             .name("hydrant-replay".into())
             .spawn(replay)
         {
-            hydrant_operators::log_line!("hydrant: cannot replay the spool: {e}");
-            lock(&self.state).replaying = false;
+            // The spool's rows would otherwise be skipped, and new pushes take their rows.
+            let why = format!("cannot replay the spool: {e}");
+            hydrant_operators::log_line!("hydrant: {why}");
+            let mut st = lock(&self.state);
+            fail_locked(&mut st, &self.counts, why);
+            st.replaying = false;
+            drop(st);
+            self.replayed.notify_all();
         }
     }
 }
@@ -528,6 +547,9 @@ impl Pushed {
         let mut st = lock(&self.state);
         st.skip_below = commit.row;
         st.committed_rows_in = commit.rows_in;
+        if let Some(rows) = commit.rows_in {
+            self.counts.committed_rows_in.store(rows, Ordering::SeqCst);
+        }
         *lock(&self.admitted) = commit.admitted.clone().into_iter().collect();
         lock(&self.commits).last = Some(commit.step);
         self.counts
@@ -544,6 +566,14 @@ impl Pushed {
     /// Takes no lock a producer holds while it waits for queue space, so a trainer that
     /// commits between steps cannot stall the producers that feed it (nor they it).
     pub fn commit(&self, step: u64) -> Result<serde_json::Value, ServeError> {
+        // A failed input (acknowledged rows missing from the spool) keeps its last commit:
+        // a new one would record the shorter spool as whole, and retries of the lost
+        // batches would then be answered as duplicates.
+        if let Some(why) = self.replay_failed() {
+            return Err(ServeError::FailedPrecondition(format!(
+                "the input failed, so nothing more is committed: {why}"
+            )));
+        }
         let cut = self.counts.steps_cut.get();
         if step > cut {
             return Err(ServeError::FailedPrecondition(format!(
@@ -567,12 +597,22 @@ impl Pushed {
                 row,
                 admitted,
                 keep: (counts_from < row).then_some(counts_from),
-                // Stored once each batch is spooled and synced: never more than is durable.
-                rows_in: Some(self.counts.rows_in.load(Ordering::SeqCst)),
+                // Never more than is durable: `rows_in` is stored once a batch is spooled
+                // and synced, the last commit's count was durable, and the rows before
+                // `row` were given to the ranks, so spooled first. Never fewer either: a
+                // replay after a restart counts again from the last commit's row.
+                rows_in: Some(
+                    (self.counts.rows_in.load(Ordering::SeqCst))
+                        .max(self.counts.committed_rows_in.load(Ordering::SeqCst))
+                        .max(row),
+                ),
             };
             deleted = committer
                 .commit(&commit)
                 .map_err(|e| ServeError::Internal(e.to_string()))?;
+            if let Some(rows) = commit.rows_in {
+                self.counts.committed_rows_in.store(rows, Ordering::SeqCst);
+            }
             let segments = committer.segments() as u64;
             self.counts.segments.store(segments, Ordering::Relaxed);
         }
@@ -585,6 +625,10 @@ impl Pushed {
         }))
     }
 }
+
+/// The most producers a stream keeps sequence numbers for: every commit writes them all,
+/// and a restart reads them back (a million names would outgrow the commit file).
+pub const MAX_PRODUCERS: usize = 16_384;
 
 /// Takes no more input, saying why: the ranks' streams end with the reason once they have
 /// sent what was admitted, rather than wait for rows that will never come.
