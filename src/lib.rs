@@ -69,6 +69,7 @@ pub mod serve;
 pub mod sink;
 pub mod source;
 mod spec;
+pub mod write;
 
 pub use delivery::{EpochPlan, LastBatch, ORDER_VERSION, Placement};
 pub use error::{Error, Result, error_line};

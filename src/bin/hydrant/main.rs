@@ -16,7 +16,7 @@ use hydrant::sink::SinkSpec;
 use hydrant::{Cluster, ClusterSecret, Pipeline, RunOptions};
 use hydrant::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use outputs::{Written, check_output};
+use outputs::{Written, check_output, check_outside};
 use serde_json::json;
 use serve::ServeArgs;
 
@@ -320,9 +320,11 @@ fn dispatch(command: Command) -> Result<()> {
                 .state
                 .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?;
             if cluster.process == 0 {
-                std::fs::write(&out, state.to_json()).map_err(|e| Error::State {
-                    path: out.clone(),
-                    reason: e.to_string(),
+                hydrant::write::replace_file(&out, state.to_json().as_bytes()).map_err(|e| {
+                    Error::State {
+                        path: out.clone(),
+                        reason: e.to_string(),
+                    }
                 })?;
             }
             let summary = json!({
@@ -487,6 +489,8 @@ fn files_read<'a>(
     (inputs.chain([("--pipeline", common.pipeline.as_path())]))
         .chain(state.map(|s| ("--state", s)))
         .chain(follow.map(|f| ("--follow", f)))
+        .chain(common.hostfile.as_deref().map(|h| ("--hostfile", h)))
+        .chain((common.cluster_secret_file.as_deref()).map(|s| ("--cluster-secret-file", s)))
         .collect()
 }
 
@@ -500,6 +504,10 @@ fn check_run_outputs(args: &RunArgs) -> Result<()> {
     if let Ok(SinkSpec::Parquet(dir)) = args.sink.parse::<SinkSpec>() {
         let shown = format!("--sink parquet:{}", dir.display());
         check_output(&shown, &dir, Written::Folder, &reads)?;
+        if let Some(path) = &args.summary {
+            let summary = format!("--summary {}", path.display());
+            check_outside(&summary, path, &shown, &dir)?;
+        }
     }
     Ok(())
 }
@@ -509,7 +517,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
     if let Some(folder) = &args.follow {
         let summary = follow::run_follow(args, folder)?;
         if let Some(path) = &args.summary {
-            std::fs::write(path, format!("{summary}\n"))
+            hydrant::write::replace_file(path, format!("{summary}\n").as_bytes())
                 .map_err(|e| Error::Usage(format!("--summary {}: {e}", path.display())))?;
         }
         return Ok(summary);
@@ -635,7 +643,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
         "peak_rss_mb": peak_rss_mb(),
     });
     if let Some(path) = &args.summary {
-        std::fs::write(path, format!("{summary}\n"))
+        hydrant::write::replace_file(path, format!("{summary}\n").as_bytes())
             .map_err(|e| Error::Usage(format!("--summary {}: {e}", path.display())))?;
     }
     Ok(summary)

@@ -63,6 +63,26 @@ pub(crate) fn check_output(
     Ok(())
 }
 
+/// Refuses a file written (`shown` as its option) inside the folder another option of
+/// the same command writes into (`folder_shown`): the Parquet sink writes its shards there
+/// (a `--summary` there replaced one, and the job still succeeded).
+pub(crate) fn check_outside(
+    shown: &str,
+    file: &Path,
+    folder_shown: &str,
+    folder: &Path,
+) -> Result<()> {
+    let (Some(file_at), Some(folder_at)) = (resolved(file), resolved(folder)) else {
+        return Ok(()); // a missing folder is refused by `check_output`
+    };
+    if file_at.starts_with(&folder_at) {
+        return Err(Error::Usage(format!(
+            "{shown}: is inside {folder_shown}, which this command writes: write it elsewhere"
+        )));
+    }
+    Ok(())
+}
+
 /// `path` with its links and `..` resolved: itself where it exists, else its folder's
 /// resolved path and its name (`None` where that folder does not exist).
 fn resolved(path: &Path) -> Option<PathBuf> {
@@ -113,6 +133,17 @@ mod tests {
         assert!(err.contains("its folder does not exist"), "{err}");
         let err = check(dir.path(), Written::File).unwrap_err().to_string();
         assert!(err.contains("is a folder"), "{err}");
+        // A file inside a folder the command writes into.
+        let out = dir.path().join("out");
+        let summary = out.join("part-p0-w0000.parquet");
+        std::fs::create_dir(&out).unwrap();
+        let err = check_outside("--summary s", &summary, "--sink parquet:out", &out).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--summary s: is inside --sink parquet:out"),
+            "{err}"
+        );
+        assert!(check_outside("--summary s", &input, "--sink parquet:out", &out).is_ok());
         // Elsewhere, new or not: fine.
         assert!(check(&dir.path().join("s.json"), Written::File).is_ok());
         assert!(check(&dir.path().join("out"), Written::Folder).is_ok());

@@ -2,8 +2,6 @@
 //! their first row, files replaced atomically and durably, the commit and the spool's
 //! head read back, and what a failed write is.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -45,19 +43,12 @@ pub(super) fn segment_row(name: &str) -> Option<u64> {
 
 /// Makes the directory's entries (a file created, renamed or removed) durable.
 pub(in crate::serve) fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
+    crate::write::sync_dir(dir)
 }
 
-/// Writes `bytes` to `path` atomically and durably: a synced temporary file beside it
-/// (`NAME.tmp`) renamed into place, then its folder synced.
+/// Writes `bytes` to `path` atomically and durably (see [`crate::write::replace_file`]).
 pub(in crate::serve) fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .and_then(|()| sync_dir(path.parent().unwrap_or(Path::new("."))))
+    crate::write::replace_file(path, bytes)
 }
 
 /// What a failed append of the segment at `path` is (`e`, and whether undoing it worked):
