@@ -73,6 +73,18 @@ impl Default for RunOptions {
 }
 
 impl RunOptions {
+    /// Options for a job that only fits (`hydrant fit`): it delivers no batches, so no
+    /// bound on batches in flight applies (a pipeline too wide for the default batch size
+    /// was refused by `fit`, which has no `--batch-size` to lower).
+    pub fn fitting(cluster: Cluster) -> Self {
+        RunOptions {
+            cluster,
+            batch_size: 1,
+            max_batch_bytes: u64::MAX,
+            ..RunOptions::default()
+        }
+    }
+
     /// The most ranks one process of the cluster owns (a block of `ranks / processes`,
     /// rounded up, as ownership deals them).
     pub fn most_local_ranks(&self) -> usize {

@@ -284,3 +284,52 @@ fn outputs_that_would_overwrite_what_is_read_are_refused_and_lose_nothing() {
         "nothing written into it"
     );
 }
+
+/// Found by a hostile run: `fit` refused a pipeline too wide to deliver at the default
+/// batch size (3 × 65,536 one-hot columns, 786 kB a row), naming `--batch-size`,
+/// which `fit` does not take; it delivers no batches, so it fits it. Delivering it at that
+/// size is still refused, and at a smaller size works with the fitted state.
+#[test]
+fn a_pipeline_too_wide_to_deliver_at_the_default_batch_size_is_fitted() {
+    let (dir, input) = small_criteo();
+    let toml = dir.path().join("wide.toml");
+    std::fs::write(
+        &toml,
+        r#"name = "wide"
+label = { column = "label", type = "float32" }
+[[group]]
+name = "d"
+kind = "dense"
+columns = ["c0", "c1", "c2"]
+steps = ["hash_bucket(65536)", "one_hot(65536)"]
+"#,
+    )
+    .unwrap();
+    let (toml, state) = (toml.to_str().unwrap(), dir.path().join("state.json"));
+    let state = state.to_str().unwrap();
+    let fit = ["fit", "--pipeline", toml, "--input", &input, "--out", state];
+    let out = hydrant(&fit);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = [
+        "run",
+        "--pipeline",
+        toml,
+        "--input",
+        &input,
+        "--state",
+        state,
+    ];
+    let err = err_within(Duration::from_secs(10), &run);
+    assert!(err.contains("more than --max-batch-bytes"), "{err}");
+    let small = [&run[..], &["--batch-size", "64"]].concat();
+    let out = hydrant(&small);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

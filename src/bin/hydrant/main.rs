@@ -434,10 +434,7 @@ fn prepare(
     let cluster = cluster_of(common, workers(common, None))?;
     let options = match delivery {
         Some(d) => d.options(cluster)?,
-        None => RunOptions {
-            cluster,
-            ..RunOptions::default()
-        },
+        None => RunOptions::fitting(cluster),
     };
     let pipeline = Pipeline::from_files(&common.pipeline, &common.input, state, options)?;
     if pipeline.epoch_plan().rows() == 0 {
