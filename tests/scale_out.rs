@@ -388,6 +388,38 @@ fn processes_started_differently_refuse_to_run() {
     }
 }
 
+/// Found by a hostile run: a process given other data of the same shape (the same row
+/// counts in the same row groups, another seed) ran, and each rank's rows came from
+/// another dataset under one row-id space. The files' sizes are compared too.
+#[test]
+fn processes_given_other_data_of_the_same_shape_refuse_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let other_dir = dir.path().join("other");
+    std::fs::create_dir(&other_dir).unwrap();
+    let (other, _) = folder_with_state(&other_dir, &[400, 301, 302], 21);
+    let toml = criteo_toml();
+    let base = run_args(&io, "null", &["--ranks", "2", "--batch-size", "10"]);
+    let children = spawn_cluster_with(dir.path(), 2, 1, |p| {
+        let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        args[2] = toml.to_str().unwrap().to_string();
+        if p == 1 {
+            args[4] = other.to_str().unwrap().to_string();
+        }
+        args
+    });
+    for (p, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        assert!(!out.status.success(), "process {p} succeeded: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("runs another job: its input is"),
+            "{stderr}"
+        );
+    }
+}
+
 /// A process that fails before it joins (here, process 1 is given an input that does not
 /// exist) tells the others why: they stop at once with one line naming it and its reason,
 /// not after the join's minute. Whether the others were waiting already or start a second

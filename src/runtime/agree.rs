@@ -23,10 +23,14 @@ fn describe(
 ) -> Vec<(&'static str, String)> {
     let p = d.plan.placement();
     let units = inputs.units();
-    // The units' sizes, not their paths: the same files may be mounted elsewhere on
-    // another machine. `DefaultHasher::new()` hashes alike in every process of a build.
+    // The units' rows and the files' bytes, not their paths: the same files may be
+    // mounted elsewhere on another machine. Rows alone took other data of the same shape
+    // (another seed of the same generator, a stale copy) as the same input, and its rows
+    // were delivered mixed with the others'. `DefaultHasher::new()` hashes alike in every
+    // process of a build.
     let mut sizes = std::collections::hash_map::DefaultHasher::new();
     units.iter().for_each(|u| u.rows.hash(&mut sizes));
+    inputs.file_bytes().for_each(|b| b.hash(&mut sizes));
     let columns: Vec<String> = plan
         .output_schema()
         .fields()
@@ -38,9 +42,10 @@ fn describe(
         (
             "input",
             format!(
-                "{} rows in {} units ({:016x})",
+                "{} rows in {} units of {} bytes ({:016x})",
                 d.plan.rows(),
                 units.len(),
+                inputs.file_bytes().sum::<u64>(),
                 sizes.finish()
             ),
         ),
