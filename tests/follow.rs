@@ -157,6 +157,80 @@ fn a_followed_folder_that_cannot_be_listed_is_reported_until_it_can() {
     });
 }
 
+/// Found by a hostile run: one full disk under the state directory stopped a followed
+/// folder for good (the server stayed up, every trainer was refused). Now an admission
+/// that cannot be recorded waits, said in `status` (naming no server path), and the
+/// files are admitted once there is room: every row once. Needs a tmpfs to fill, so root.
+#[test]
+fn a_full_state_disk_holds_admissions_until_there_is_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[1_000, 1_000], 53);
+    let (followed, disk) = (dir.path().join("followed"), dir.path().join("disk"));
+    std::fs::create_dir_all(&followed).unwrap();
+    std::fs::create_dir_all(&disk).unwrap();
+    let mount = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new(args[0])
+            .args(&args[1..])
+            .status()
+    };
+    let mounted = mount(&[
+        "mount".as_ref(),
+        "-t".as_ref(),
+        "tmpfs".as_ref(),
+        "-o".as_ref(),
+        "size=1m".as_ref(),
+        "tmpfs".as_ref(),
+        disk.as_os_str(),
+    ]);
+    if !mounted.is_ok_and(|s| s.success()) {
+        // Only root mounts a filesystem to fill; CI runs as root.
+        assert_ne!(unsafe_euid(), 0, "root could not mount a tmpfs");
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let filler = disk.join("filler");
+    common::pushed::runtime().block_on(async {
+        let (_server, uri) = serve_following(&followed, &state, &disk.join("s"));
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read(&uri, 0, usize::MAX).await }
+        });
+        // Fill the disk (the write stops short when it is full).
+        let _ = std::fs::write(&filler, vec![0u8; 2 << 20]);
+        publish(&source.join("part-0.parquet"), &followed, "a.parquet");
+        let mut s = status(&uri).await;
+        for _ in 0..400 {
+            if !s["follow"]["record_error"].is_null() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            s = status(&uri).await;
+        }
+        let why = s["follow"]["record_error"].as_str().unwrap_or_default();
+        assert!(
+            why.contains("--state-dir/follow.manifest")
+                && why.contains("No space left")
+                && !why.contains(dir.path().to_str().unwrap()),
+            "{s}"
+        );
+        assert_eq!(s["follow"]["files"], 0, "{s}");
+        std::fs::remove_file(&filler).unwrap();
+        publish(&source.join("part-1.parquet"), &followed, "b.parquet");
+        let s = admitted(&uri, 2).await;
+        assert_eq!(s["follow"]["record_error"], serde_json::Value::Null, "{s}");
+        end(&uri).await;
+        let ranks = reader.await.unwrap();
+        assert_eq!(sorted_ids(&ranks), (0..2_000).collect::<Vec<_>>());
+    });
+    let _ = std::process::Command::new("umount").arg(&disk).status();
+}
+
+/// This process's effective user id.
+fn unsafe_euid() -> u32 {
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// A careless writer: files written in place, as pandas' `to_parquet` or `cp` do, seen by
 /// the server while they grow. A half-written Parquet file (no footer yet) used to be
 /// admitted at the next poll, found unreadable and skipped for good; now it is admitted

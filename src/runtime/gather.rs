@@ -66,11 +66,16 @@ pub fn gather(cluster: &Cluster, value: String) -> Result<Vec<String>> {
     if let Some(Some(Err(panic))) = guards.join().map(|r| r.into_iter().next()) {
         return Err(Error::Dataflow(panic));
     }
-    let values = slot
-        .lock()
-        .ok()
-        .and_then(|mut s| s.take())
-        .ok_or_else(|| Error::Dataflow("the cluster's processes did not all say".into()))?;
+    let values = slot.lock().ok().and_then(|mut s| s.take()).ok_or_else(|| {
+        // A peer that left before it said what it runs has said why itself; most often
+        // the processes were started with other cluster sizes, so each waits for a peer
+        // the others do not count.
+        Error::Dataflow(
+            "the cluster's processes did not all say what they run: one left first (its \
+                 own error says why; do every process's --processes and hostfile agree?)"
+                .into(),
+        )
+    })?;
     if values.len() != cluster.processes {
         return Err(Error::Dataflow(format!(
             "heard {} of the cluster's {} processes",

@@ -63,7 +63,7 @@ const SKIPPED_SHOWN: usize = 16;
 /// A line of the manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
-enum Line {
+pub(super) enum Line {
     /// A file's admission began; its rows start at stream row `row`, and it was `bytes`
     /// long with contents of checksum `sum` (each absent in manifests written before it
     /// was recorded).
@@ -203,13 +203,29 @@ impl Manifest {
         self.append(&Line::Ended { rows })
     }
 
+    /// Appends `line` and syncs it. A failed append is cut off again; a disk that was full
+    /// is then [`Error::StateFull`] (the line can be appended again once there is room).
     fn append(&mut self, line: &Line) -> Result<()> {
         let mut bytes = serde_json::to_vec(line).map_err(|e| state_error(&self.path, &e))?;
         bytes.push(b'\n');
-        self.file
+        let before = self.file.stream_position();
+        let written = self
+            .file
             .write_all(&bytes)
-            .and_then(|()| self.file.sync_data())
-            .map_err(|e| state_error(&self.path, &format!("cannot record an admission: {e}")))
+            .and_then(|()| self.file.sync_data());
+        let Err(e) = written else {
+            return Ok(());
+        };
+        let reason = format!("cannot record an admission: {e}");
+        let undone = before.and_then(|len| {
+            self.file.set_len(len)?;
+            self.file.seek(SeekFrom::Start(len)).map(drop)
+        });
+        let path = self.path.clone();
+        match undone.is_ok() && super::spool::is_full(&e) {
+            true => Err(Error::StateFull { path, reason }),
+            false => Err(Error::State { path, reason }),
+        }
     }
 }
 
@@ -222,6 +238,8 @@ pub(super) struct FollowCounts {
     pub skipped: Mutex<Vec<(String, String)>>,
     /// Why the folder cannot be listed now (deleted, renamed away, no permission).
     pub unreadable: Mutex<Option<String>>,
+    /// Why admissions cannot be recorded now (the state directory's disk is full).
+    pub unrecorded: Mutex<Option<String>>,
 }
 
 impl FollowCounts {
@@ -233,7 +251,28 @@ impl FollowCounts {
                 serde_json::json!({"file": file, "error": error})
             }).collect::<Vec<_>>(),
             "folder_error": *lock(&self.unreadable),
+            "record_error": *lock(&self.unrecorded),
         })
+    }
+
+    /// Records whether admissions can be recorded (`error` says why not), telling the log
+    /// once when they cannot, and once when they can again: nothing new is admitted
+    /// meanwhile.
+    fn recorded(&self, error: Option<String>) {
+        let mut unrecorded = lock(&self.unrecorded);
+        match (error, unrecorded.is_some()) {
+            (Some(why), false) => {
+                hydrant_operators::log_line!(
+                    "hydrant: {why}; no file is admitted until there is room"
+                );
+                *unrecorded = Some(why);
+            }
+            (None, true) => {
+                hydrant_operators::log_line!("hydrant: admissions are recorded again");
+                *unrecorded = None;
+            }
+            _ => {}
+        }
     }
 
     /// Records whether the folder could be listed (`error` says why not), telling the log
@@ -288,6 +327,11 @@ pub(super) struct Follower {
     pub settle: Settle,
     /// Names that are not UTF-8, reported as skipped once.
     pub odd_names: HashSet<std::ffi::OsString>,
+    /// A file's end that could not be recorded (a full disk): recorded before anything
+    /// else is admitted.
+    pub pending_end: Option<Line>,
+    /// Files not admitted because an admission could not be recorded: listed again.
+    pub relist: Vec<String>,
 }
 
 /// Batches decoded ahead of their admission.
@@ -299,6 +343,31 @@ enum Stop {
     Over,
     /// The manifest could not be written: nothing more may be admitted.
     Failed(String),
+    /// The manifest's disk is full: nothing more is admitted until a line can be
+    /// appended; `admitted` says whether the file's rows went in already (its end is
+    /// still to be recorded) or not (it is listed again).
+    Full { why: String, admitted: bool },
+}
+
+/// A manifest append's failure: a full disk waits for room, anything else stops.
+fn append_failed(e: Error, admitted: bool) -> Stop {
+    match full(&e) {
+        Some(why) => Stop::Full { why, admitted },
+        None => Stop::Failed(e.to_string()),
+    }
+}
+
+/// Why an append found the disk full, naming the manifest in the state directory rather
+/// than by the server's path (it is shown in `status`); `None` for another failure.
+fn full(e: &Error) -> Option<String> {
+    let Error::StateFull { path, reason } = e else {
+        return None;
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    Some(format!("--state-dir/{name}: {reason}"))
 }
 
 impl Follower {
@@ -310,8 +379,15 @@ impl Follower {
         let mut todo: Vec<(Admission, bool)> = replay.into_iter().map(|a| (a, true)).collect();
         loop {
             match self.admit_all(std::mem::take(&mut todo)) {
-                Ok(()) => {}
+                Ok(()) => self.counts.recorded(None),
                 Err(Stop::Over) => return,
+                Err(Stop::Full { why, .. }) => {
+                    // Listed again once a line can be recorded: their rows went nowhere.
+                    for file in self.relist.drain(..) {
+                        seen.remove(&file);
+                    }
+                    self.counts.recorded(Some(why));
+                }
                 Err(Stop::Failed(e)) => {
                     hydrant_operators::log_line!(
                         "hydrant: following {} stopped: {e}",
@@ -339,6 +415,31 @@ impl Follower {
                 return;
             };
             drop(pushed);
+            if let Some(end) = self.pending_end.take() {
+                let appended = self.manifest.as_ref().map(|m| lock(m).append(&end));
+                match appended {
+                    Some(Err(e)) if full(&e).is_some() => {
+                        self.pending_end = Some(end);
+                        self.counts.recorded(full(&e));
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        let e = e.to_string();
+                        hydrant_operators::log_line!(
+                            "hydrant: following {} stopped: {e}",
+                            self.read.dir.display()
+                        );
+                        if let Some(p) = self.pushed.upgrade() {
+                            p.fail(e);
+                        }
+                        return;
+                    }
+                    _ => {
+                        self.counts.files.fetch_add(1, Ordering::Relaxed);
+                        self.counts.recorded(None);
+                    }
+                }
+            }
             // New files in name order; each takes its rows from where the last ended.
             todo = self
                 .new_files(&mut seen)
@@ -446,8 +547,14 @@ impl Follower {
             let (tx, rx) = crossbeam_channel::bounded(READ_AHEAD);
             scope.spawn(move || reader.run(&files, tx));
             // An early return drops `rx`: the reader's next send fails and it ends.
-            for (a, replayed) in &todo {
-                self.admit(a, *replayed, &rx)?;
+            for (i, (a, replayed)) in todo.iter().enumerate() {
+                if let Err(stop) = self.admit(a, *replayed, &rx) {
+                    if let Stop::Full { admitted, .. } = &stop {
+                        let next = i + usize::from(*admitted);
+                        self.relist = todo[next..].iter().map(|(a, _)| a.file.clone()).collect();
+                    }
+                    return Err(stop);
+                }
             }
             Ok(())
         })
@@ -530,7 +637,7 @@ impl Follower {
             };
             lock(m)
                 .append(&begin)
-                .map_err(|e| Stop::Failed(e.to_string()))?;
+                .map_err(|e| append_failed(e, false))?;
         }
         let (rows, error) = self.admit_rows(&pushed, rx, a.rows, since)?;
         // Clients are told the file's name in the folder, not the server's path.
@@ -562,9 +669,10 @@ impl Follower {
                 rows,
                 error,
             };
-            lock(m)
-                .append(&end)
-                .map_err(|e| Stop::Failed(e.to_string()))?;
+            if let Err(e) = lock(m).append(&end) {
+                self.pending_end = Some(end);
+                return Err(append_failed(e, true));
+            }
         }
         self.counts.files.fetch_add(1, Ordering::Relaxed);
         Ok(())

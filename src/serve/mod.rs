@@ -274,6 +274,8 @@ impl ServedPipeline {
             end_after_replay: ended.map(|_| Arc::downgrade(&self.runs)),
             settle: follow::Settle::default(),
             odd_names: Default::default(),
+            pending_end: None,
+            relist: Vec::new(),
         };
         let replay = recorded.split_off(first);
         std::thread::Builder::new()

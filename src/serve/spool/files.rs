@@ -89,7 +89,7 @@ pub(super) fn write_error(path: &Path, e: &std::io::Error) -> Error {
 }
 
 /// Whether `e` says the file system is full or the user's quota spent.
-pub(super) fn is_full(e: &std::io::Error) -> bool {
+pub(in crate::serve) fn is_full(e: &std::io::Error) -> bool {
     matches!(
         e.kind(),
         std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
