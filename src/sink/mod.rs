@@ -71,9 +71,20 @@ impl SinkSpec {
             .map_err(|e| err(one_line(e)))?
             .flatten()
         {
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) {
                 return Err(err(format!(
                     "{} exists from an earlier run; use an empty folder",
+                    entry.path().display()
+                )));
+            }
+            if name
+                .strip_prefix('.')
+                .is_some_and(|n| n.starts_with(&prefix))
+            {
+                return Err(err(format!(
+                    "{} is a part file of an earlier run that was stopped before it was \
+                     written whole; use an empty folder",
                     entry.path().display()
                 )));
             }
@@ -95,12 +106,15 @@ impl SinkSpec {
                 reason: "is fed by loaders, not written by workers".into(),
             }),
             SinkSpec::Parquet(dir) => {
-                let path = dir.join(format!("part-p{process}-w{worker:04}.parquet"));
+                let name = format!("part-p{process}-w{worker:04}.parquet");
+                // Written under a hidden name and renamed once whole: a run that fails or is
+                // stopped leaves no file that looks finished.
+                let (path, writing) = (dir.join(&name), dir.join(format!(".{name}.tmp")));
                 let err = |e: &dyn std::fmt::Display| Error::Sink {
                     sink: self.to_string(),
                     reason: one_line(e),
                 };
-                let file = File::create(&path).map_err(|e| err(&e))?;
+                let file = File::create(&writing).map_err(|e| err(&e))?;
                 let props = WriterProperties::builder()
                     .set_compression(Compression::SNAPPY)
                     .build();
@@ -117,6 +131,8 @@ impl SinkSpec {
                     writer: Some(writer),
                     schema,
                     name: self.to_string(),
+                    paths: (writing, path),
+                    failed: None,
                 }))
             }
         }
@@ -147,10 +163,38 @@ struct ParquetSink {
     writer: Option<ArrowWriter<File>>,
     schema: SchemaRef,
     name: String,
+    /// The file being written (hidden), and the name it takes once whole.
+    paths: (PathBuf, PathBuf),
+    /// The first failure: said again by every later call (the writer's own error for
+    /// them, "Previous row group writer was not closed", hid a full disk).
+    failed: Option<String>,
+}
+
+impl ParquetSink {
+    fn failure(&mut self, e: &dyn std::fmt::Display) -> Error {
+        let reason = self.failed.get_or_insert_with(|| one_line(e)).clone();
+        Error::Sink {
+            sink: self.name.clone(),
+            reason,
+        }
+    }
+}
+
+/// A part file never finished (the job failed) is removed, not left looking like output.
+impl Drop for ParquetSink {
+    fn drop(&mut self) {
+        if self.writer.is_some() || self.failed.is_some() {
+            let _ = std::fs::remove_file(&self.paths.0);
+        }
+    }
 }
 
 impl BatchSink for ParquetSink {
     fn write(&mut self, rb: &RankBatch) -> Result<()> {
+        if let Some(why) = &self.failed {
+            let why = why.clone();
+            return Err(self.failure(&why));
+        }
         let err = |e: &dyn std::fmt::Display| Error::Sink {
             sink: self.name.clone(),
             reason: one_line(e),
@@ -161,23 +205,28 @@ impl BatchSink for ParquetSink {
         columns.push(Arc::new(UInt64Array::from(vec![rb.meta.epoch; n])));
         columns.push(Arc::new(UInt64Array::from(vec![rb.meta.step; n])));
         let batch = RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| err(&e))?;
-        match &mut self.writer {
-            Some(w) => w.write(&batch).map_err(|e| err(&e)),
-            None => Err(Error::Sink {
-                sink: self.name.clone(),
-                reason: "written after finish".into(),
-            }),
-        }
+        let written = match &mut self.writer {
+            Some(w) => w.write(&batch),
+            None => return Err(err(&"written after finish")),
+        };
+        written.map_err(|e| self.failure(&e))
     }
 
     fn finish(&mut self) -> Result<()> {
-        if let Some(w) = self.writer.take() {
-            w.close().map_err(|e| Error::Sink {
-                sink: self.name.clone(),
-                reason: one_line(e),
-            })?;
+        if let Some(why) = &self.failed {
+            let why = why.clone();
+            return Err(self.failure(&why));
         }
-        Ok(())
+        let Some(mut w) = self.writer.take() else {
+            return Ok(());
+        };
+        let (writing, path) = self.paths.clone();
+        let closed = w.finish().map_err(|e| e.to_string()).and_then(|_| {
+            (w.inner().sync_all())
+                .and_then(|()| std::fs::rename(&writing, &path))
+                .map_err(|e| e.to_string())
+        });
+        closed.map_err(|e| self.failure(&e))
     }
 }
 
@@ -216,5 +265,42 @@ mod tests {
                 .contains("earlier run")
         );
         sink.prepare(1).unwrap();
+        // A part file an earlier run left unfinished (it was killed).
+        std::fs::write(dir.path().join("out/.part-p1-w0000.parquet.tmp"), b"x").unwrap();
+        let err = sink.prepare(1).unwrap_err().to_string();
+        assert!(err.contains("stopped before it was written whole"), "{err}");
+    }
+
+    /// A part file is written under a hidden name and appears whole at `finish`; one
+    /// whose job failed first is removed, not left looking like output.
+    #[test]
+    fn a_part_file_appears_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let sink = SinkSpec::Parquet(out.clone());
+        sink.prepare(0).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::UInt64, false)]));
+        let names = || -> Vec<String> {
+            let mut n: Vec<String> = std::fs::read_dir(&out)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        let mut finished = sink.open(0, 0, schema.clone()).unwrap();
+        let failed = sink.open(0, 1, schema).unwrap();
+        assert_eq!(
+            names(),
+            [".part-p0-w0000.parquet.tmp", ".part-p0-w0001.parquet.tmp"]
+        );
+        finished.finish().unwrap();
+        drop(failed);
+        drop(finished);
+        assert_eq!(names(), ["part-p0-w0000.parquet"]);
+        let file = File::open(out.join("part-p0-w0000.parquet")).unwrap();
+        let reader = parquet::file::reader::SerializedFileReader::new(file).unwrap();
+        let rows = parquet::file::reader::FileReader::metadata(&reader);
+        assert_eq!(rows.file_metadata().num_rows(), 0);
     }
 }
