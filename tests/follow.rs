@@ -8,7 +8,9 @@ use std::path::Path;
 
 mod common;
 use common::folder_with_state;
-use common::follow::{admitted, end, publish, read, serve_following, sorted_ids, status};
+use common::follow::{
+    admitted, end, publish, read, serve_following, sorted_ids, status, status_with,
+};
 
 /// A folder that appears in the followed one (Spark's `write.parquet(dir)` renamed in) is
 /// skipped and named, and not recorded: read as an input it was read once, as its files
@@ -133,14 +135,7 @@ fn a_followed_folder_that_cannot_be_listed_is_reported_until_it_can() {
         let s = admitted(&uri, 1).await;
         assert_eq!(s["follow"]["folder_error"], serde_json::Value::Null, "{s}");
         std::fs::rename(&followed, &away).unwrap();
-        let mut s = status(&uri).await;
-        for _ in 0..400 {
-            if !s["follow"]["folder_error"].is_null() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-            s = status(&uri).await;
-        }
+        let s = status_with(&uri, "folder_error").await;
         let why = s["follow"]["folder_error"].as_str().unwrap_or_default();
         assert!(
             why.contains("the followed folder cannot be listed")
@@ -198,14 +193,7 @@ fn a_full_state_disk_holds_admissions_until_there_is_room() {
         // Fill the disk (the write stops short when it is full).
         let _ = std::fs::write(&filler, vec![0u8; 2 << 20]);
         publish(&source.join("part-0.parquet"), &followed, "a.parquet");
-        let mut s = status(&uri).await;
-        for _ in 0..400 {
-            if !s["follow"]["record_error"].is_null() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-            s = status(&uri).await;
-        }
+        let s = status_with(&uri, "record_error").await;
         let why = s["follow"]["record_error"].as_str().unwrap_or_default();
         assert!(
             why.contains("--state-dir/follow.manifest")

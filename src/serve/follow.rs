@@ -388,16 +388,7 @@ impl Follower {
                     }
                     self.counts.recorded(Some(why));
                 }
-                Err(Stop::Failed(e)) => {
-                    hydrant_operators::log_line!(
-                        "hydrant: following {} stopped: {e}",
-                        self.read.dir.display()
-                    );
-                    if let Some(p) = self.pushed.upgrade() {
-                        p.fail(e);
-                    }
-                    return;
-                }
+                Err(Stop::Failed(e)) => return self.stop(e),
             }
             if let Some(runs) = self.end_after_replay.take() {
                 // Ended before the restart: it ends at the same row again.
@@ -423,17 +414,7 @@ impl Follower {
                         self.counts.recorded(full(&e));
                         continue;
                     }
-                    Some(Err(e)) => {
-                        let e = e.to_string();
-                        hydrant_operators::log_line!(
-                            "hydrant: following {} stopped: {e}",
-                            self.read.dir.display()
-                        );
-                        if let Some(p) = self.pushed.upgrade() {
-                            p.fail(e);
-                        }
-                        return;
-                    }
+                    Some(Err(e)) => return self.stop(e.to_string()),
                     _ => {
                         self.counts.files.fetch_add(1, Ordering::Relaxed);
                         self.counts.recorded(None);
@@ -455,6 +436,17 @@ impl Follower {
                     (a, false)
                 })
                 .collect();
+        }
+    }
+
+    /// Stops following for good: the input fails with `why`, told in the log.
+    fn stop(&self, why: String) {
+        hydrant_operators::log_line!(
+            "hydrant: following {} stopped: {why}",
+            self.read.dir.display()
+        );
+        if let Some(p) = self.pushed.upgrade() {
+            p.fail(why);
         }
     }
 

@@ -120,3 +120,16 @@ pub async fn admitted(uri: &str, files: u64) -> serde_json::Value {
     }
     panic!("{files} files were not admitted: {}", status(uri).await);
 }
+
+/// The status once `follow.FIELD` is set (within 10 s; the last status otherwise).
+pub async fn status_with(uri: &str, field: &str) -> serde_json::Value {
+    let mut s = status(uri).await;
+    for _ in 0..400 {
+        if !s["follow"][field].is_null() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        s = status(uri).await;
+    }
+    s
+}
