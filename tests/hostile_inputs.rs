@@ -170,6 +170,21 @@ fn inputs_that_are_not_plain_files_or_change_while_read() {
     std::os::unix::fs::FileExt::write_all_at(&f, b"PAR1", 0).unwrap();
     let err = batches.next().unwrap().unwrap_err().to_string();
     assert!(err.contains("changed while it was read"), "{err}");
+    // Truncated while a unit is read: said as a truncation, whichever check sees it.
+    std::fs::copy(&input, p("cut.parquet")).unwrap();
+    let inputs = hydrant::source::Inputs::open(&[p("cut.parquet").into()], 500).unwrap();
+    let mut batches = inputs.read(&inputs.units()[0]).unwrap();
+    batches.next().unwrap().unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(p("cut.parquet"))
+        .unwrap();
+    f.set_len(f.metadata().unwrap().len() / 2).unwrap();
+    let err = batches.next().unwrap().unwrap_err().to_string();
+    assert!(
+        err.contains("truncated or rewritten while it was read"),
+        "{err}"
+    );
 }
 
 /// A pipeline that takes pushed input, given to `run` or `fit` without files, says where

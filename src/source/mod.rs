@@ -428,17 +428,42 @@ struct Numbered {
 
 impl Numbered {
     /// Whether the file changed since it was opened (as far as its metadata tells).
-    fn changed(&self) -> bool {
-        let Some(meta) = self.watch.as_ref().and_then(|f| f.metadata().ok()) else {
-            return false;
-        };
-        meta.len() != self.len || modified_otherwise(&meta, self.modified)
+    /// Why the file is not as it was opened, if it is not: another length (truncated, as a
+    /// rewrite begins, or grown), or a newer modification time.
+    fn changed(&self) -> Option<String> {
+        let meta = self.watch.as_ref().and_then(|f| f.metadata().ok())?;
+        if meta.len() != self.len {
+            return Some(format!(
+                "is {} bytes, {} when it was opened: it was truncated or rewritten while it \
+                 was read, and its rows could mix two versions",
+                meta.len(),
+                self.len
+            ));
+        }
+        modified_otherwise(&meta, self.modified)
+            .then(|| "changed while it was read: its rows could mix two versions".into())
     }
 
+    /// Ends the unit with `reason`, and why the file may have failed so: its length or
+    /// modification time is not what it was when it was opened.
     fn fail(&mut self, reason: String) -> Option<Result<Batch>> {
+        let len = std::fs::metadata(&self.path).map(|m| m.len());
+        let since = match len {
+            // A decoder failing on a file cut short says so in its own words.
+            Ok(len) if len != self.len => format!(
+                " (it is {len} bytes, {} when it was opened: it was truncated or rewritten \
+                 since)",
+                self.len
+            ),
+            _ => modified_since(&self.path, self.modified).to_string(),
+        };
+        self.fail_as_is(format!("{reason}{since}"))
+    }
+
+    fn fail_as_is(&mut self, reason: String) -> Option<Result<Batch>> {
         self.done = true;
         Some(Err(Error::Input {
-            reason: format!("{reason}{}", modified_since(&self.path, self.modified)),
+            reason,
             path: self.path.clone(),
         }))
     }
@@ -494,8 +519,8 @@ impl Iterator for Numbered {
                 }
             }
         };
-        if self.changed() {
-            return self.fail("changed while it was read: its rows could mix two versions".into());
+        if let Some(why) = self.changed() {
+            return self.fail_as_is(why);
         }
         let n = b.num_rows() as u64;
         if self.row + n > self.end {
