@@ -141,6 +141,14 @@ impl Fitter {
         self.targets.retain(|t| !keys.contains(&t.key));
     }
 
+    /// Keeps only the statistics of numbers (moments, extremes, quantiles): those whose
+    /// parameters can fail to fit (overflow), and cheap to gather twice.
+    pub fn numbers_only(mut self) -> Self {
+        self.targets
+            .retain(|t| matches!(t.input, Input::Numeric(_)));
+        self
+    }
+
     /// Adds a batch's values to every statistic.
     pub fn update(&mut self, batch: &RecordBatch) -> Result<()> {
         for t in &mut self.targets {

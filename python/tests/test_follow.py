@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from conftest import Server, hydrant
-from hydrant_client import Client
+from hydrant_client import Client, HydrantError
 
 PIPELINE = """
 name = "clicks"
@@ -191,5 +191,62 @@ def test_a_followed_folder_refreshes_its_statistics_and_serves_each_version(tmp_
         status = client.status()["pipelines"][0]
         assert status["state_versions"] == 3 and status["state_version"] == third
         assert (tmp_path / "sd" / f"state-{second}.json").exists()
+    finally:
+        server.stop()
+
+
+def test_a_followed_file_too_large_to_fit_within_the_warmup_is_skipped(tmp_path):
+    """One value of 1e200 in the warmup's rows would leave no first version to fit (its
+    square overflows) and no version before to keep: the file holding it is skipped and
+    named, the next files make the first version, and a restart serves from there. The
+    stream used to stop following without a word, and to stop again at every restart."""
+    toml = tmp_path / "clicks.toml"
+    toml.write_text(PIPELINE.replace('event_time = "ts"\n', "")
+                    + '\n[stats]\nmode = "refresh"\nwarmup = 300\nevery = 400\n')
+    folder = tmp_path / "in"
+    folder.mkdir()
+    args = ("--pipeline", toml, "--follow", folder, "--state-dir", tmp_path / "sd",
+            "--ranks", "1", "--batch-size", "100")
+    bad = table(200, 0, 0)
+    bad = bad.set_column(0, "x", pa.array([1e200] + list(range(1, 200)), pa.float64()))
+    server = Server(*args)
+    try:
+        client = Client(server.uri)
+        got = []
+
+        def read_until_stopped():
+            try:
+                got.extend(client.batches("clicks", 0, 1))
+            except HydrantError:
+                pass  # the server is stopped below
+
+        threading.Thread(target=read_until_stopped, daemon=True).start()
+        publish(bad, folder, "0-bad.parquet")
+        for k in (1, 2):
+            publish(table(200, 200 * k, 0), folder, f"{k}.parquet")
+        pushed = lambda: client.status()["pipelines"][0]["pushed"]  # noqa: E731
+        wait_for(lambda: pushed()["follow"]["files"] == 3, "the three files to be seen")
+        s = pushed()
+        assert s["rows_in"] == 400 and s["replay_failed"] is None, s
+        skipped = s["follow"]["skipped"]
+        assert [k["file"] for k in skipped] == ["0-bad.parquet"], skipped
+        assert "too large to fit" in skipped[0]["error"], skipped
+        wait_for(lambda: len(got) == 4, "the first four steps")
+    finally:
+        server.stop()
+    server = Server(*args)
+    try:
+        client = Client(server.uri)
+        got, reader = read_in_background(client)
+        publish(table(100, 600, 0), folder, "3.parquet")
+        wait_for(lambda: client.status()["pipelines"][0]["pushed"]["rows_in"] == 500,
+                 "the new file to be admitted after the replay")
+        client.end_ingest("clicks")
+        reader.join(timeout=30)
+        assert not reader.is_alive()
+        real = [i for b in got for i in b.row_id[~b.mask].tolist()]
+        assert real == list(range(500))
+        xs = np.concatenate([b.dense for b in got])
+        assert np.isfinite(xs).all()
     finally:
         server.stop()

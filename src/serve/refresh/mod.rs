@@ -141,6 +141,11 @@ pub(super) struct Refresh {
     overflowed: Vec<String>,
     /// Why no first version could be fitted: every later batch fails with it.
     unfit: Option<String>,
+    /// What the first version fits numbers with, to check batches of the warmup by.
+    plan: Arc<FeaturePlan>,
+    /// The numbers' statistics of the warmup's rows before `probed` (no version yet).
+    probe: FitPartial,
+    probed: u64,
     /// The rows before it (decayed).
     total: FitPartial,
     /// Rows counted: those before are in `total` or `fitter`.
@@ -226,6 +231,9 @@ impl Refresh {
             full: Vec::new(),
             overflowed: Vec::new(),
             unfit: None,
+            plan,
+            probe: FitPartial::default(),
+            probed: 0,
             total: FitPartial::default(),
             counted: 0,
             last_at: 0,
@@ -366,6 +374,7 @@ impl Refresh {
         if let Some(why) = &self.unfit {
             return Err(ServeError::FailedPrecondition(why.clone()));
         }
+        self.check_warmup(batch, first)?;
         let mut out = Vec::new();
         let end = first + batch.num_rows() as u64;
         let mut pos = first;
@@ -409,6 +418,45 @@ impl Refresh {
             }
             pos = to;
         }
+    }
+
+    /// Refuses `batch` (rows from `first`) whole if, before the first version, its numbers
+    /// would leave that version unfit: values so large that their moments overflow. Its
+    /// rows are not acknowledged then, where a first version that cannot be fitted would
+    /// fail the stream (no version before to keep) and the rows already taken would fail
+    /// it again at every restart that replays them. The numbers are counted here a
+    /// second time, beside the counter, for the warmup's rows only.
+    fn check_warmup(&mut self, batch: &RecordBatch, first: u64) -> Result<(), ServeError> {
+        let from = first.max(self.probed);
+        let to = (first + batch.num_rows() as u64).min(self.spec.warmup());
+        if !self.versions.is_empty() || from >= to {
+            return Ok(());
+        }
+        let rows = batch.slice((from - first) as usize, (to - from) as usize);
+        let empty = FittedState::empty(&self.pipeline);
+        let mut fitter = self
+            .plan
+            .fitter(0, &empty)
+            .map_err(internal)?
+            .numbers_only();
+        fitter.update(&rows).map_err(internal)?;
+        let mut trial = self.probe.clone();
+        trial.merge(fitter.into_partial().map_err(internal)?);
+        trial.collapse();
+        let mut params = BTreeMap::new();
+        trial.clone().finish_after(&empty, &mut params);
+        for (key, param) in &params {
+            if let Err(e) = FittedState::check_param(key, param) {
+                return Err(ServeError::InvalidArgument(format!(
+                    "pipeline `{}`: stream rows 0..{to} cannot be fitted: {e} (values too \
+                     large to fit: clip or rescale them); nothing of this batch was taken",
+                    self.pipeline
+                )));
+            }
+        }
+        self.probe = trial;
+        self.probed = to;
+        Ok(())
     }
 
     /// The input ended: without a version yet, the first is fitted on the rows held.
