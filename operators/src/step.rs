@@ -176,12 +176,20 @@ impl Arg {
     fn parse(text: &str) -> std::result::Result<Arg, String> {
         let number = |s: &str| {
             let text = s.trim();
-            text.parse::<f64>()
-                .map(|value| Number {
-                    text: text.to_string(),
-                    value,
-                })
-                .map_err(|_| format!("`{text}` is not a number"))
+            let value = text
+                .parse::<f64>()
+                .map_err(|_| format!("`{text}` is not a number"))?;
+            // `1e400` parses as infinity: said, where `inf` written out is meant so.
+            let spelled = text.trim_start_matches(['+', '-']).to_ascii_lowercase();
+            if value.is_infinite() && !matches!(spelled.as_str(), "inf" | "infinity") {
+                return Err(format!(
+                    "`{text}` is beyond a 64-bit float's range (write inf if that is meant)"
+                ));
+            }
+            Ok(Number {
+                text: text.to_string(),
+                value,
+            })
         };
         match text.split_once('=') {
             Some((k, v)) => Ok(Arg::Named(k.trim().to_string(), number(v)?)),
@@ -358,6 +366,11 @@ mod tests {
             }
         );
         assert_eq!(Step::parse("one_hot(1e3)").unwrap(), Step::OneHot(1000));
+        // A bound left open is written out as infinity.
+        assert_eq!(
+            Step::parse("clip(-Infinity, inf)").unwrap(),
+            Step::Clip(f64::NEG_INFINITY, f64::INFINITY)
+        );
     }
 
     #[test]
@@ -366,6 +379,11 @@ mod tests {
             ("frobnicate", "unknown step"),
             ("clip(3, -3)", "lo <= hi"),
             ("clip(nan, 3)", "not NaN"),
+            (
+                "clip(-1e400, 3)",
+                "`-1e400` is beyond a 64-bit float's range",
+            ),
+            ("fill_null(1e309)", "beyond"),
             ("clip(1)", "takes 2"),
             ("fill_null", "takes 1"),
             ("fill_null(x)", "not a number"),

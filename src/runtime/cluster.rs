@@ -63,7 +63,8 @@ impl Cluster {
     }
 
     /// Every process's address, by process: the first `processes` lines of the hostfile
-    /// (a hostfile may list more hosts than a job uses).
+    /// (a hostfile may list more hosts than a job uses), blank lines and `#` comments
+    /// left out.
     pub fn addresses(&self) -> Result<Vec<String>> {
         let Some(h) = &self.hostfile else {
             return Ok((0..self.processes).map(default_address).collect());
@@ -74,7 +75,7 @@ impl Cluster {
         let lines: Vec<String> = text
             .lines()
             .map(str::trim)
-            .filter(|l| !l.is_empty())
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
             .map(String::from)
             .collect();
         if lines.len() < self.processes {
@@ -553,5 +554,21 @@ pub(super) mod tests {
         };
         // Only the first two lines are the job's: a join waits for no third process.
         assert_eq!(two.addresses().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_hostfile_s_comments_and_blank_lines_are_not_hosts() {
+        let dir = tempfile::tempdir().unwrap();
+        let hosts = dir.path().join("hosts");
+        let text = "# the job's nodes\n\n  node-a:7001\n# node-b is down\nnode-c:7001  \n";
+        std::fs::write(&hosts, text).unwrap();
+        let cluster = Cluster {
+            workers: 1,
+            processes: 2,
+            process: 0,
+            hostfile: Some(hosts),
+            secret: None,
+        };
+        assert_eq!(cluster.addresses().unwrap(), ["node-a:7001", "node-c:7001"]);
     }
 }

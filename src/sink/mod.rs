@@ -65,6 +65,13 @@ impl SinkSpec {
             sink: self.to_string(),
             reason,
         };
+        if dir.exists() && !dir.is_dir() {
+            return Err(err(format!(
+                "{} is not a folder: parquet:DIR names a folder, and each rank's part files \
+                 are written in it",
+                dir.display()
+            )));
+        }
         std::fs::create_dir_all(dir).map_err(|e| err(one_line(e)))?;
         let prefix = format!("part-p{process}-");
         for entry in std::fs::read_dir(dir)
@@ -269,6 +276,14 @@ mod tests {
         std::fs::write(dir.path().join("out/.part-p1-w0000.parquet.tmp"), b"x").unwrap();
         let err = sink.prepare(1).unwrap_err().to_string();
         assert!(err.contains("stopped before it was written whole"), "{err}");
+        // A file where the folder would be (`parquet:out.parquet`, read as one file).
+        std::fs::write(dir.path().join("one.parquet"), b"x").unwrap();
+        let sink = SinkSpec::Parquet(dir.path().join("one.parquet"));
+        let err = sink.prepare(0).unwrap_err().to_string();
+        assert!(
+            err.contains("one.parquet is not a folder: parquet:DIR"),
+            "{err}"
+        );
     }
 
     /// A part file is written under a hidden name and appears whole at `finish`; one
