@@ -248,7 +248,7 @@ fn join(
                 if slot.is_some() {
                     continue;
                 }
-                match handshake::dial(&addresses[p], hello, (me, p), key) {
+                match handshake::dial(&addresses[p], hello, (me, p, n), key) {
                     Ok(stream) => *slot = Some(stream),
                     Err(NotJoined::NotYet) => {}
                     Err(NotJoined::Unanswered) => seen[p] = Some(UNANSWERED),
@@ -267,7 +267,7 @@ fn join(
             }
         }
         for g in std::mem::take(&mut greeting) {
-            match g.poll(me, key) {
+            match g.poll((me, n), key) {
                 Greeted::Pending(g) => greeting.push(g),
                 Greeted::Peer(HELLO, p, stream) if p > me && p < n => sockets[p] = Some(stream),
                 Greeted::Peer(_, p, stream) if p > me && p < n => beats[p] = Some(stream),
@@ -279,9 +279,19 @@ fn join(
                         addresses[p]
                     )));
                 }
+                Greeted::OtherSize(p, theirs) if p != me => {
+                    let at = addresses
+                        .get(p)
+                        .map_or(String::new(), |a| format!(" ({a})"));
+                    return Err(Error::Usage(format!(
+                        "process {me}: process {p}{at} is not of this cluster: {}",
+                        handshake::other_size(theirs, n)
+                    )));
+                }
                 Greeted::Peer(..)
                 | Greeted::Unproved(_)
                 | Greeted::Gone(..)
+                | Greeted::OtherSize(..)
                 | Greeted::Stranger => {}
             }
         }
@@ -400,6 +410,33 @@ pub(super) mod tests {
         }
         let took = started.elapsed();
         assert!(took < Duration::from_secs(3), "joined after {took:?}");
+    }
+
+    /// Process 1 started with `--processes 3` dials process 0 started with 2: both end
+    /// at once naming the other's size, where both used to wait out the join's timeout.
+    #[test]
+    fn processes_started_with_different_sizes_say_so_at_once() {
+        let addresses: Vec<String> = (0..3).map(|_| free()).collect();
+        let two = addresses[..2].to_vec();
+        let timeout = Duration::from_secs(30);
+        let started = Instant::now();
+        let first = std::thread::spawn(move || join_at(&two, 0, timeout, &handshake::key(None)));
+        let second = join_at(&addresses, 1, timeout, &handshake::key(None));
+        let errors = [first.join().unwrap(), second].map(|r| r.unwrap_err().to_string());
+        assert!(
+            errors[0].contains("process 1 (")
+                && errors[0].contains("--processes 3, and this process with --processes 2"),
+            "{}",
+            errors[0]
+        );
+        assert!(
+            errors[1].contains("process 0 (")
+                && errors[1].contains("--processes 2, and this process with --processes 3"),
+            "{}",
+            errors[1]
+        );
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(5), "{took:?}");
     }
 
     #[test]

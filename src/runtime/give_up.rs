@@ -52,7 +52,7 @@ impl Cluster {
                     if gone[p].load(Ordering::Relaxed) {
                         return false;
                     }
-                    match handshake::farewell(&addresses[p], (me, p), &key, why) {
+                    match handshake::farewell(&addresses[p], (me, p, addresses.len()), &key, why) {
                         Ok(()) => {
                             told.push(p);
                             false
@@ -125,7 +125,7 @@ fn hear_farewells(
             }
         }
         for g in std::mem::take(&mut greeting) {
-            match g.poll(me, key) {
+            match g.poll((me, gone.len()), key) {
                 Greeted::Pending(g) => greeting.push(g),
                 Greeted::Gone(p, _) if p < gone.len() => gone[p].store(true, Ordering::Relaxed),
                 _ => {}

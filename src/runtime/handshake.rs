@@ -1,13 +1,16 @@
 //! How two processes of a cluster greet on a new connection, and prove to each other that
 //! they hold the cluster's secret.
 //!
-//! The dialer sends what the connection is for ([`HELLO`] or [`HELLO_BEAT`]), its index
-//! and a fresh nonce; the acceptor answers with the same purpose, its own index, a nonce
-//! of its own and an HMAC-SHA256 tag over both nonces, both indexes and the purpose; the
+//! The dialer sends what the connection is for ([`HELLO`] or [`HELLO_BEAT`]), its seat
+//! (its index and the cluster's size as it was told it, [`seat`]) and a fresh nonce; the
+//! acceptor answers with the same purpose, its own seat, a nonce of its own and an
+//! HMAC-SHA256 tag over both nonces, both seats and the purpose; the
 //! dialer checks it and answers with its own tag over the same (or with a refusal, so
 //! that the acceptor can name it too); the acceptor checks that and welcomes it with one
 //! byte. Each side thus shows it holds the secret without sending it, and no answer can
-//! be replayed on another connection. Without a
+//! be replayed on another connection. Two processes started with different `--processes`
+//! learn it here, at once, and both say so (the acceptor welcomes no such peer), rather
+//! than wait for a join that cannot complete. Without a
 //! secret the tags are keyed with nothing: the exchange is the same, and proves only that
 //! both sides run this protocol. It authenticates the joining, not the bytes that follow:
 //! a cluster's ports still belong on a network that only its processes reach.
@@ -33,11 +36,11 @@ use ring::rand::{SecureRandom, SystemRandom};
 use crate::error::{Error, Result};
 
 /// Opens the connection timely's network uses.
-pub(super) const HELLO: &[u8; 8] = b"hydrant2";
+pub(super) const HELLO: &[u8; 8] = b"hydrant3";
 /// Opens the connection the peers' heartbeats use (`heartbeat.rs`).
-pub(super) const HELLO_BEAT: &[u8; 8] = b"hydrantC";
+pub(super) const HELLO_BEAT: &[u8; 8] = b"hydrantD";
 /// Opens a connection that tells a peer this process stopped before joining ([`farewell`]).
-pub(super) const HELLO_GONE: &[u8; 8] = b"hydrantG";
+pub(super) const HELLO_GONE: &[u8; 8] = b"hydrantH";
 /// The bytes of why a process stopped that a farewell carries (zero-padded, cut to fit).
 pub(super) const REASON: usize = 200;
 
@@ -114,19 +117,34 @@ pub(super) fn key(secret: Option<&ClusterSecret>) -> hmac::Key {
     )
 }
 
+/// A process's seat as a greeting carries it: its index in the low 32 bits, the number of
+/// processes it was started with (`--processes`) in the high ones.
+pub(super) fn seat(index: usize, processes: usize) -> u64 {
+    (index as u64 & u64::from(u32::MAX)) | (processes as u64) << 32
+}
+
+/// A seat's index and number of processes.
+fn unseat(seat: u64) -> (usize, usize) {
+    ((seat & u64::from(u32::MAX)) as usize, (seat >> 32) as usize)
+}
+
+/// What a peer started with another number of processes is told, and says of itself.
+pub(super) fn other_size(theirs: usize, ours: usize) -> String {
+    format!(
+        "it was started with --processes {theirs}, and this process with --processes \
+         {ours}: every process of a cluster takes the same --processes and hostfile"
+    )
+}
+
 /// What a tag covers: who signs it (`b'A'` the acceptor, `b'D'` the dialer), the
-/// connection's purpose, who dials whom, and both nonces (the dialer's first).
-fn covered(
-    by: u8,
-    hello: &[u8; 8],
-    (dialer, acceptor): (usize, usize),
-    nonces: [&[u8]; 2],
-) -> Vec<u8> {
+/// connection's purpose, the seats of who dials whom, and both nonces (the dialer's
+/// first).
+fn covered(by: u8, hello: &[u8; 8], (dialer, acceptor): (u64, u64), nonces: [&[u8]; 2]) -> Vec<u8> {
     let mut data = Vec::with_capacity(1 + 8 + 16 + 2 * NONCE);
     data.push(by);
     data.extend_from_slice(hello);
-    data.extend_from_slice(&(dialer as u64).to_le_bytes());
-    data.extend_from_slice(&(acceptor as u64).to_le_bytes());
+    data.extend_from_slice(&dialer.to_le_bytes());
+    data.extend_from_slice(&acceptor.to_le_bytes());
     data.extend_from_slice(nonces[0]);
     data.extend_from_slice(nonces[1]);
     data
@@ -144,31 +162,33 @@ pub(super) enum NotJoined {
     NotYet,
     /// A connection, but no whole answer in time: try again, and say so if it lasts.
     Unanswered,
-    /// An answer that does not prove this cluster's secret: the peer was started with
-    /// another (or none), or something else listens at its address.
+    /// An answer that does not prove this cluster's secret (the peer was started with
+    /// another, or none, or something else listens at its address), or one from a peer
+    /// started with another number of processes.
     Refused(String),
 }
 
-/// A connection to process `to` at `address`, greeted as process `me` for `hello`'s
-/// purpose, once both sides have proved they hold the secret of `key`.
+/// A connection to process `to` at `address`, greeted as process `me` of `n` for
+/// `hello`'s purpose, once both sides have proved they hold the secret of `key`.
 pub(super) fn dial(
     address: &str,
     hello: &'static [u8; 8],
-    (me, to): (usize, usize),
+    (me, to, n): (usize, usize, usize),
     key: &hmac::Key,
 ) -> std::result::Result<TcpStream, NotJoined> {
-    dial_with(address, hello, (me, to), key, &[])
+    dial_with(address, hello, (me, to, n), key, &[])
 }
 
-/// Tells process `to` at `address`, still joining, that process `me` stopped before it
-/// joined, and why (cut to [`REASON`] bytes); `Ok` once the peer has taken it.
+/// Tells process `to` at `address`, still joining, that process `me` of `n` stopped
+/// before it joined, and why (cut to [`REASON`] bytes); `Ok` once the peer has taken it
+/// (whatever number of processes it was started with).
 pub(super) fn farewell(
     address: &str,
-    (me, to): (usize, usize),
+    (me, to, n): (usize, usize, usize),
     key: &hmac::Key,
     why: &str,
 ) -> std::result::Result<(), NotJoined> {
-    dial_with(address, HELLO_GONE, (me, to), key, &reason(why)).map(drop)
+    dial_with(address, HELLO_GONE, (me, to, n), key, &reason(why)).map(drop)
 }
 
 /// `why` as a farewell carries it: its first [`REASON`] bytes at most, cut where a
@@ -187,15 +207,16 @@ fn reason(why: &str) -> [u8; REASON] {
 fn dial_with(
     address: &str,
     hello: &'static [u8; 8],
-    (me, to): (usize, usize),
+    (me, to, n): (usize, usize, usize),
     key: &hmac::Key,
     extra: &[u8],
 ) -> std::result::Result<TcpStream, NotJoined> {
     let mut stream = connect(address).ok_or(NotJoined::NotYet)?;
     let mine = nonce().ok_or(NotJoined::NotYet)?;
+    let my_seat = seat(me, n);
     let mut greeting = Vec::with_capacity(GREETING);
     greeting.extend_from_slice(hello);
-    greeting.extend_from_slice(&(me as u64).to_le_bytes());
+    greeting.extend_from_slice(&my_seat.to_le_bytes());
     greeting.extend_from_slice(&mine);
     let mut answer = [0u8; ANSWER];
     let deadline = Instant::now() + ANSWER_TIMEOUT;
@@ -213,25 +234,32 @@ fn dial_with(
     if !read_by(&mut stream, rest, deadline) {
         return Err(NotJoined::Unanswered);
     }
-    let (index, rest) = answer[8..].split_at(8);
+    let (their_seat, rest) = answer[8..].split_at(8);
     let (theirs, tag) = rest.split_at(NONCE);
-    let index = u64::from_le_bytes(index.try_into().unwrap_or_default());
-    if index != to as u64 {
+    let their_seat = u64::from_le_bytes(their_seat.try_into().unwrap_or_default());
+    let (index, their_n) = unseat(their_seat);
+    if index != to {
         return Err(NotJoined::Refused(format!(
             "it answers as process {index}: do the processes' hostfiles agree?"
         )));
     }
-    let theirs_covered = covered(b'A', hello, (me, to), [&mine, theirs]);
+    let seats = (my_seat, their_seat);
+    let theirs_covered = covered(b'A', hello, seats, [&mine, theirs]);
     if hmac::verify(key, &theirs_covered, tag).is_err() {
         // So that the acceptor names this process too, rather than a silence (as long as
         // a proof and what it covers, so that the acceptor reads it whole).
         let _ = stream.write_all(&[&REFUSAL[..], &vec![0; extra.len()]].concat());
         return Err(NotJoined::Refused(UNPROVED.into()));
     }
-    let mut proved = covered(b'D', hello, (me, to), [&mine, theirs]);
+    let mut proved = covered(b'D', hello, seats, [&mine, theirs]);
     proved.extend_from_slice(extra);
     let mut proof = hmac::sign(key, &proved).as_ref().to_vec();
     proof.extend_from_slice(extra);
+    if their_n != n && hello != HELLO_GONE {
+        // Proved, so that the acceptor believes it and says so too; not welcomed.
+        let _ = stream.write_all(&proof);
+        return Err(NotJoined::Refused(other_size(their_n, n)));
+    }
     let mut welcome = [0u8; 1];
     let deadline = Instant::now() + ANSWER_TIMEOUT;
     let welcomed = stream.write_all(&proof).is_ok()
@@ -283,10 +311,11 @@ pub(super) struct Greeting {
     answered: Option<Answered>,
 }
 
-/// A greeting read and answered: what the connection is for, who dials, and both nonces.
+/// A greeting read and answered: what the connection is for, the seats of who dials
+/// whom, and both nonces.
 struct Answered {
     hello: &'static [u8; 8],
-    dialer: usize,
+    seats: (u64, u64),
     theirs: [u8; NONCE],
     mine: [u8; NONCE],
 }
@@ -300,6 +329,8 @@ pub(super) enum Greeted {
     Peer(&'static [u8; 8], usize, TcpStream),
     /// A greeting as process `p`, whose proof was wrong (or refused the answer).
     Unproved(usize),
+    /// Process `p`, proved, started with this number of processes, not this one's.
+    OtherSize(usize, usize),
     /// Process `p`, proved, stopped before joining: why (as it said, cut to [`REASON`]
     /// bytes, as one line: see `said`).
     Gone(usize, String),
@@ -331,8 +362,8 @@ impl Greeting {
     }
 
     /// Reads what has arrived of the greeting or of the proof, answers a whole greeting,
-    /// and checks a whole proof, as process `me` holding `key`.
-    pub fn poll(mut self, me: usize, key: &hmac::Key) -> Greeted {
+    /// and checks a whole proof, as process `me` of `n` holding `key`.
+    pub fn poll(mut self, (me, n): (usize, usize), key: &hmac::Key) -> Greeted {
         let want = match &self.answered {
             None => GREETING,
             Some(a) if a.hello == HELLO_GONE => TAG + REASON,
@@ -353,15 +384,16 @@ impl Greeting {
             };
         }
         match self.answered {
-            None => self.answer(me, key),
+            None => self.answer(seat(me, n), key),
             Some(Answered {
                 hello,
-                dialer,
+                seats,
                 theirs,
                 mine,
             }) => {
+                let (dialer, their_n) = unseat(seats.0);
                 let (tag, extra) = self.got.split_at(TAG);
-                let mut data = covered(b'D', hello, (dialer, me), [&theirs, &mine]);
+                let mut data = covered(b'D', hello, seats, [&theirs, &mine]);
                 data.extend_from_slice(extra);
                 if hmac::verify(key, &data, tag).is_err() {
                     return Greeted::Unproved(dialer);
@@ -369,6 +401,9 @@ impl Greeting {
                 if hello == HELLO_GONE {
                     let _ = (&self.stream).write(&[WELCOME]);
                     return Greeted::Gone(dialer, said(extra));
+                }
+                if their_n != n {
+                    return Greeted::OtherSize(dialer, their_n);
                 }
                 // One byte fits a fresh connection's send buffer at once.
                 let ready = matches!((&self.stream).write(&[WELCOME]), Ok(1))
@@ -383,8 +418,8 @@ impl Greeting {
         }
     }
 
-    /// Answers a whole greeting with this side's purpose, index, nonce and tag.
-    fn answer(mut self, me: usize, key: &hmac::Key) -> Greeted {
+    /// Answers a whole greeting with this side's purpose, seat, nonce and tag.
+    fn answer(mut self, me: u64, key: &hmac::Key) -> Greeted {
         let Some(&hello) = self
             .purposes
             .iter()
@@ -392,7 +427,7 @@ impl Greeting {
         else {
             return Greeted::Stranger;
         };
-        let dialer = u64::from_le_bytes(self.got[8..16].try_into().unwrap_or_default()) as usize;
+        let dialer = u64::from_le_bytes(self.got[8..16].try_into().unwrap_or_default());
         let mut theirs = [0u8; NONCE];
         theirs.copy_from_slice(&self.got[16..GREETING]);
         let Some(mine) = nonce() else {
@@ -401,7 +436,7 @@ impl Greeting {
         let tag = hmac::sign(key, &covered(b'A', hello, (dialer, me), [&theirs, &mine]));
         let mut answer = Vec::with_capacity(ANSWER);
         answer.extend_from_slice(hello);
-        answer.extend_from_slice(&(me as u64).to_le_bytes());
+        answer.extend_from_slice(&me.to_le_bytes());
         answer.extend_from_slice(&mine);
         answer.extend_from_slice(tag.as_ref());
         // A fresh connection's send buffer takes 64 bytes at once; one that does not is
@@ -412,7 +447,7 @@ impl Greeting {
         self.got.clear();
         self.answered = Some(Answered {
             hello,
-            dialer,
+            seats: (dialer, me),
             theirs,
             mine,
         });
@@ -456,10 +491,11 @@ mod tests {
             stream.set_nonblocking(true).unwrap();
             let mut greeting = Greeting::new(stream);
             loop {
-                match greeting.poll(0, &acceptor_key) {
+                match greeting.poll((0, 2), &acceptor_key) {
                     Greeted::Pending(g) => greeting = g,
                     Greeted::Gone(p, why) => return format!("gone {p}: {why}"),
                     Greeted::Unproved(p) => return format!("unproved {p}"),
+                    Greeted::OtherSize(p, n) => return format!("{p} of {n}"),
                     Greeted::Peer(..) => return "peer".into(),
                     Greeted::Stranger => return "stranger".into(),
                 }
@@ -469,12 +505,12 @@ mod tests {
         let mut stream = TcpStream::connect(at).unwrap();
         let mine = [5u8; NONCE];
         stream
-            .write_all(&[&HELLO_GONE[..], &1u64.to_le_bytes(), &mine].concat())
+            .write_all(&[&HELLO_GONE[..], &seat(1, 2).to_le_bytes(), &mine].concat())
             .unwrap();
         let mut answer = [0u8; ANSWER];
         stream.read_exact(&mut answer).unwrap();
         let theirs = &answer[16..16 + NONCE];
-        let mut proved = covered(b'D', HELLO_GONE, (1, 0), [&mine, theirs]);
+        let mut proved = covered(b'D', HELLO_GONE, (seat(1, 2), seat(0, 2)), [&mine, theirs]);
         proved.extend_from_slice(&reason(signed));
         let tag = hmac::sign(key, &proved);
         stream
