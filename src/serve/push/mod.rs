@@ -1,7 +1,8 @@
-//! Pushed batches featurized as DoPut accepts them: checked against the pipeline (the
-//! columns its groups read, with types its steps take), featurized, and the result checked
-//! against the schema the server delivers — so a batch that would break the ranks' streams
-//! is refused whole, before it is acknowledged, and never affects the batches before it.
+//! Pushed input: batches pushed by producers (DoPut) or read from a followed folder,
+//! admitted in order behind one lock — checked and featurized (`featurize.rs`), made
+//! durable in the spool, and handed to the dataflow that places them — so a batch that
+//! would break the ranks' streams is refused whole, before it is acknowledged, and never
+//! affects the batches before it. Commits and the spool's replay are in `durable.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,19 +10,21 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{Schema, SchemaRef};
 use hydrant_flight::{Accepted, Origin, ServeError};
-use hydrant_operators::{FittedState, Transformer};
 
 use super::fresh::Freshness;
-use super::refresh::{Known, Piece, Refresh};
+use super::refresh::{Known, Refresh};
 use super::run::lock;
-use super::spool::{COMMIT_FILE, Commit, Committer, Record, Replay, Spool};
+use super::spool::{Committer, Record, Spool};
 use super::stream::Runs;
 use crate::delivery::Placement;
 use crate::runtime::{PushedRows, StepsCut};
-use crate::source::with_row_id;
-use crate::spec::PipelineSpec;
+
+mod durable;
+mod featurize;
+
+pub use featurize::PushFeaturizer;
+use featurize::featurize_pieces;
 
 /// Pushed input: its state behind one lock (rows keep the order they were accepted in, and
 /// a full rank queue holds every producer back), and counts `status` reads without it.
@@ -237,12 +240,6 @@ impl Pushed {
         }
     }
 
-    /// Makes commits durable in a state directory that holds no spool (a followed folder).
-    pub fn commit_to(&self, committer: Committer) {
-        self.counts.durable.store(true, Ordering::Relaxed);
-        lock(&self.commits).committer = Some(committer);
-    }
-
     /// Admits `batch`: a producer's push or a followed file's rows (`live`, arrived as
     /// it says), or a record read back from the spool (neither spooled again nor checked
     /// for duplicates: it was admitted once).
@@ -406,88 +403,6 @@ impl Pushed {
         Ok(())
     }
 
-    /// Admits `records` (read back from the spool) again, on a thread of its own: they
-    /// wait for trainers like any push. New pushes wait until it is over.
-    pub fn replay(self: &Arc<Self>, spool: Spool, records: Replay, runs: Arc<Runs>) {
-        self.counts.durable.store(true, Ordering::Relaxed);
-        let segments = spool.segments() as u64;
-        self.counts.segments.store(segments, Ordering::Relaxed);
-        lock(&self.commits).committer = Some(spool.committer());
-        {
-            let mut st = lock(&self.state);
-            st.spool = Some(spool);
-            st.next_row = records.first_row();
-            if records.is_empty() {
-                self.check_replayed(&mut st);
-                return;
-            }
-            st.replaying = true;
-        }
-        let this = self.clone();
-        let replay = move || {
-            let mut st = lock(&this.state);
-            for r in records {
-                let admitted = match r {
-                    Ok(Record::Batch(origin, batch)) => {
-                        this.admit(&mut st, batch, origin, None).map(|_| ())
-                    }
-                    Ok(Record::End) => this.end_locked(&mut st, &runs, false),
-                    Err(e) => Err(ServeError::Internal(e.to_string())),
-                };
-                if let Err(e) = admitted {
-                    // The spool's batches were checked when pushed; a pipeline changed
-                    // since may refuse them. Serve what came before, take nothing more
-                    // (it would go after rows never delivered), and say why.
-                    hydrant_operators::log_line!("hydrant: replaying the spool stopped: {e}");
-                    fail_locked(&mut st, &this.counts, this.told(&e.to_string()));
-                    break;
-                }
-                this.counts.replayed.fetch_add(1, Ordering::Relaxed);
-            }
-            this.check_replayed(&mut st);
-            st.replaying = false;
-            drop(st);
-            this.replayed.notify_all();
-        };
-        if let Err(e) = std::thread::Builder::new()
-            .name("hydrant-replay".into())
-            .spawn(replay)
-        {
-            // The spool's rows would otherwise be skipped, and new pushes take their rows.
-            let why = format!("cannot replay the spool: {e}");
-            hydrant_operators::log_line!("hydrant: {why}");
-            let mut st = lock(&self.state);
-            fail_locked(&mut st, &self.counts, why);
-            st.replaying = false;
-            drop(st);
-            self.replayed.notify_all();
-        }
-    }
-}
-
-impl Pushed {
-    /// Fails the input if the spool replayed fewer rows than the last commit saw admitted:
-    /// a segment was cut short or replaced after it was synced (a torn last record is
-    /// only ever one that was not acknowledged). Producers' retries of the lost batches
-    /// would otherwise be answered as duplicates, and the rows never delivered.
-    fn check_replayed(&self, st: &mut Ingest) {
-        let Some(want) = st.committed_rows_in else {
-            return;
-        };
-        if st.replay_failed.is_some() || st.next_row >= want {
-            return;
-        }
-        let why = format!(
-            "the spool in --state-dir holds stream rows up to {}, but {COMMIT_FILE} was \
-             written when {want} had been admitted: acknowledged rows are missing from its \
-             newest segment (cut short or replaced); restore it, or start with an empty \
-             --state-dir",
-            st.next_row
-        );
-        hydrant_operators::log_line!("hydrant: {why}");
-        fail_locked(st, &self.counts, why);
-    }
-
     /// Keeps refreshed statistics' versions in `dir` and takes up what an earlier server
     /// kept there (see [`Refresh::keep_in`]); nothing without `[stats]` refresh.
     pub fn keep_versions(
@@ -531,99 +446,6 @@ impl Pushed {
     pub fn replay_failed(&self) -> Option<String> {
         lock(&self.counts.replay_failed).clone()
     }
-
-    /// Starts from `commit` (read back from the state directory) instead of row 0: the
-    /// first step is the committed one, and producers' sequence numbers are known.
-    pub fn resume(&self, commit: &Commit) -> Result<(), ServeError> {
-        let start = self.placement.stream_start(commit.step);
-        if start != commit.row {
-            return Err(ServeError::FailedPrecondition(format!(
-                "its step {} starts at stream row {start} here, but it records row {}: it was \
-                 made with another batch size, world size or shuffle window (serve with \
-                 those), or the file was changed (or start with an empty --state-dir)",
-                commit.step, commit.row
-            )));
-        }
-        let mut st = lock(&self.state);
-        st.skip_below = commit.row;
-        st.committed_rows_in = commit.rows_in;
-        if let Some(rows) = commit.rows_in {
-            self.counts.committed_rows_in.store(rows, Ordering::SeqCst);
-        }
-        *lock(&self.admitted) = commit.admitted.clone().into_iter().collect();
-        lock(&self.commits).last = Some(commit.step);
-        self.counts
-            .committed
-            .store(commit.step + 1, Ordering::Relaxed);
-        self.counts.steps_cut.set(commit.step);
-        Ok(())
-    }
-
-    /// Commits step `step` (the trainers' checkpoint holds every step before it): a
-    /// restarted server delivers from there, and the spool segments wholly before the rows
-    /// it needs are deleted. An older step than the last commit changes nothing.
-    ///
-    /// Takes no lock a producer holds while it waits for queue space, so a trainer that
-    /// commits between steps cannot stall the producers that feed it (nor they it).
-    pub fn commit(&self, step: u64) -> Result<serde_json::Value, ServeError> {
-        // A failed input (acknowledged rows missing from the spool) keeps its last commit:
-        // a new one would record the shorter spool as whole, and retries of the lost
-        // batches would then be answered as duplicates.
-        if let Some(why) = self.replay_failed() {
-            return Err(ServeError::FailedPrecondition(format!(
-                "the input failed, so nothing more is committed: {why}"
-            )));
-        }
-        let cut = self.counts.steps_cut.get();
-        if step > cut {
-            return Err(ServeError::FailedPrecondition(format!(
-                "step {step} is not delivered yet (every rank has steps up to {cut} only); \
-                 commit the step the trainers will resume at"
-            )));
-        }
-        let mut commits = lock(&self.commits);
-        let step = commits.last.map_or(step, |last| last.max(step));
-        let mut deleted = 0;
-        if commits.last != Some(step)
-            && let Some(committer) = &commits.committer
-        {
-            let row = self.placement.stream_start(step);
-            // Every batch whose rows lie before `row` has its sequence number here.
-            let admitted = lock(&self.admitted).clone().into_iter().collect();
-            // Refreshed statistics count rows again from their last refresh point.
-            let counts_from = self.counts.counts_from.load(Ordering::Relaxed);
-            let commit = Commit {
-                step,
-                row,
-                admitted,
-                keep: (counts_from < row).then_some(counts_from),
-                // Never more than is durable: `rows_in` is stored once a batch is spooled
-                // and synced, the last commit's count was durable, and the rows before
-                // `row` were given to the ranks, so spooled first. Never fewer either: a
-                // replay after a restart counts again from the last commit's row.
-                rows_in: Some(
-                    (self.counts.rows_in.load(Ordering::SeqCst))
-                        .max(self.counts.committed_rows_in.load(Ordering::SeqCst))
-                        .max(row),
-                ),
-            };
-            deleted = committer
-                .commit(&commit)
-                .map_err(|e| ServeError::Internal(e.to_string()))?;
-            if let Some(rows) = commit.rows_in {
-                self.counts.committed_rows_in.store(rows, Ordering::SeqCst);
-            }
-            let segments = committer.segments() as u64;
-            self.counts.segments.store(segments, Ordering::Relaxed);
-        }
-        commits.last = Some(step);
-        self.counts.committed.store(step + 1, Ordering::Relaxed);
-        Ok(serde_json::json!({
-            "committed": step,
-            "durable": commits.committer.is_some(),
-            "deleted_segments": deleted,
-        }))
-    }
 }
 
 /// The most producers a stream keeps sequence numbers for: every commit writes them all,
@@ -660,166 +482,6 @@ fn spool_error(e: crate::Error) -> ServeError {
         crate::Error::StateFull { .. } => ServeError::ResourceExhausted(e.to_string()),
         e => internal(e),
     }
-}
-
-/// Featurizes `pieces` (rows a refreshed stream cut where its state changes), each with
-/// its state. Pieces from rows before `admitting` (held for the first version) were
-/// acknowledged already: a failure there fails the stream, not only this batch.
-fn featurize_pieces(
-    featurizer: &mut PushFeaturizer,
-    pieces: Vec<Piece>,
-    admitting: u64,
-) -> Result<Vec<(RecordBatch, u64)>, ServeError> {
-    let mut out = Vec::with_capacity(pieces.len());
-    for p in pieces {
-        featurizer.set_state(&p.state);
-        let featurized = featurizer.featurize(p.batch, p.first);
-        let featurized = match featurized {
-            Err(e) if p.first < admitting => {
-                return Err(ServeError::Internal(format!(
-                    "rows held for the first state version cannot be featurized with it: {e}"
-                )));
-            }
-            other => other?,
-        };
-        out.push((featurized, p.state.version));
-    }
-    Ok(out)
-}
-
-/// Featurizes pushed batches for one pipeline, binding a transformer per input schema seen
-/// (producers may differ in, say, integer widths).
-pub struct PushFeaturizer {
-    spec: PipelineSpec,
-    state: Arc<FittedState>,
-    output: SchemaRef,
-    transformers: Vec<(SchemaRef, Transformer)>,
-}
-
-/// Input schemas bound at most; a producer that sends ever new schemas is refused beyond.
-const MAX_SCHEMAS: usize = 64;
-
-impl PushFeaturizer {
-    /// A featurizer whose batches must come out as `output` (the served feature schema).
-    pub fn new(spec: PipelineSpec, state: FittedState, output: SchemaRef) -> Self {
-        PushFeaturizer {
-            spec,
-            state: Arc::new(state),
-            output,
-            transformers: Vec::new(),
-        }
-    }
-
-    /// The pipeline it featurizes for.
-    pub fn spec(&self) -> &PipelineSpec {
-        &self.spec
-    }
-
-    /// The version of the state it featurizes with.
-    pub fn state_version(&self) -> u64 {
-        self.state.version
-    }
-
-    /// Featurizes with `state` from now on (transformers are bound again when it changes).
-    pub fn set_state(&mut self, state: &Arc<FittedState>) {
-        if !Arc::ptr_eq(&self.state, state) {
-            self.state = state.clone();
-            self.transformers.clear();
-        }
-    }
-
-    /// Checks that batches of `schema` can be featurized and delivered, without a state
-    /// (rows held for a first version are checked so, before they are acknowledged).
-    pub fn check(&self, schema: &Schema) -> Result<(), ServeError> {
-        let invalid = |e: &dyn std::fmt::Display| ServeError::InvalidArgument(e.to_string());
-        check_columns(schema)?;
-        let plan = self.spec.plan(schema).map_err(|e| self.plan_error(e))?;
-        check_output(&plan.output_schema(), &self.output).map_err(|e| invalid(&e))
-    }
-
-    /// Why a pushed schema does not fit the pipeline, as its producer is told: without the
-    /// server's path of the pipeline file.
-    fn plan_error(&self, e: crate::Error) -> ServeError {
-        ServeError::InvalidArgument(match e {
-            crate::Error::Spec { reason, .. } => {
-                format!("pipeline `{}`: {reason}", self.spec.name)
-            }
-            other => other.to_string(),
-        })
-    }
-
-    /// Checks the labels of `batch`, whose rows start at stream row `first_row`, as
-    /// featurizing would: rows held for a first state are acknowledged before that.
-    pub fn check_labels(&self, batch: &RecordBatch, first_row: u64) -> Result<(), ServeError> {
-        match &self.spec.label {
-            Some(label) => hydrant_operators::check_labels(label, batch, first_row)
-                .map_err(|e| ServeError::InvalidArgument(e.to_string())),
-            None => Ok(()),
-        }
-    }
-
-    /// Featurizes `batch`, its rows numbered from `first_row`.
-    pub fn featurize(
-        &mut self,
-        batch: RecordBatch,
-        first_row: u64,
-    ) -> Result<RecordBatch, ServeError> {
-        let invalid = |e: &dyn std::fmt::Display| ServeError::InvalidArgument(e.to_string());
-        let schema = batch.schema();
-        check_columns(&schema)?;
-        let at = match self.transformers.iter().position(|(s, _)| *s == schema) {
-            Some(at) => at,
-            None => {
-                if self.transformers.len() >= MAX_SCHEMAS {
-                    return Err(invalid(&format!(
-                        "more than {MAX_SCHEMAS} different schemas pushed; push one schema"
-                    )));
-                }
-                let plan = self.spec.plan(&schema).map_err(|e| self.plan_error(e))?;
-                let t = plan.transformer(&self.state).map_err(|e| invalid(&e))?;
-                self.transformers.push((schema, t));
-                self.transformers.len() - 1
-            }
-        };
-        let batch = with_row_id(batch, first_row).map_err(|e| invalid(&e))?;
-        let out = self.transformers[at]
-            .1
-            .apply(&batch)
-            .map_err(|e| invalid(&e))?;
-        check_output(&out.schema(), &self.output).map_err(|e| invalid(&e))?;
-        Ok(out)
-    }
-}
-
-/// A pushed batch's columns, checked as an input file's are.
-fn check_columns(schema: &Schema) -> Result<(), ServeError> {
-    match crate::source::column_problem(schema) {
-        Some(problem) => Err(ServeError::InvalidArgument(format!("the batch {problem}"))),
-        None => Ok(()),
-    }
-}
-
-/// Whether featurized batches of `got` can be delivered as `served`: the same columns with
-/// the same types (a pass-through tensor of another width would break every rank's
-/// stream at its next batch).
-fn check_output(got: &Schema, served: &Schema) -> Result<(), String> {
-    for f in served.fields() {
-        let g = got
-            .field_with_name(f.name())
-            .map_err(|_| format!("column `{}` is missing from the featurized batch", f.name()))?;
-        if g.data_type() != f.data_type() {
-            return Err(format!(
-                "column `{}` featurizes to {} but the server delivers {}",
-                f.name(),
-                g.data_type(),
-                f.data_type()
-            ));
-        }
-    }
-    if got.fields().len() != served.fields().len() {
-        return Err("the featurized batch has columns the server does not deliver".into());
-    }
-    Ok(())
 }
 
 #[cfg(test)]
