@@ -141,11 +141,12 @@ impl Fitter {
         self.targets.retain(|t| !keys.contains(&t.key));
     }
 
-    /// Keeps only the statistics of numbers (moments, extremes, quantiles): those whose
-    /// parameters can fail to fit (overflow), and cheap to gather twice.
-    pub fn numbers_only(mut self) -> Self {
+    /// Keeps only the statistics whose parameters can fail to fit as values grow large
+    /// (moments and extremes overflow; quantile boundaries are only ever finite ones):
+    /// a few numbers each, cheap to gather twice and to copy.
+    pub fn overflowing_only(mut self) -> Self {
         self.targets
-            .retain(|t| matches!(t.input, Input::Numeric(_)));
+            .retain(|t| matches!(t.partial, Partial::Moments(_) | Partial::MinMax(_)));
         self
     }
 

@@ -313,7 +313,13 @@ impl Pushed {
                 st.featurizer.check(&batch.schema()).inspect_err(rejected)?;
                 let labels = st.featurizer.check_labels(&batch, st.next_row);
                 labels.inspect_err(rejected)?;
-                let pieces = refresh.take(&batch, st.next_row, st.skip_below)?;
+                let pieces = refresh.take(&batch, st.next_row, st.skip_below);
+                // A batch whose values the first version could not be fitted with.
+                let pieces = pieces.inspect_err(|e| {
+                    if matches!(e, ServeError::InvalidArgument(_)) {
+                        rejected(e)
+                    }
+                })?;
                 let counts_from = refresh.counts_from();
                 self.counts
                     .counts_from

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::RecordBatch;
 use hydrant_flight::ServeError;
-use hydrant_operators::{FeaturePlan, FitPartial, FittedParam, FittedState, Step};
+use hydrant_operators::{FeaturePlan, FitPartial, FittedParam, FittedState, Fitter, Step};
 use serde::{Deserialize, Serialize};
 
 use super::run::lock;
@@ -141,10 +141,10 @@ pub(super) struct Refresh {
     overflowed: Vec<String>,
     /// Why no first version could be fitted: every later batch fails with it.
     unfit: Option<String>,
-    /// What the first version fits numbers with, to check batches of the warmup by.
-    plan: Arc<FeaturePlan>,
-    /// The numbers' statistics of the warmup's rows before `probed` (no version yet).
-    probe: FitPartial,
+    /// Before the first version: the statistics that can overflow, of the warmup's rows
+    /// before `probed`, gathered as the counter gathers them (the same rows in the same
+    /// slices, so that their sums come out the same); `None` once a version exists.
+    probe: Option<Fitter>,
     probed: u64,
     /// The rows before it (decayed).
     total: FitPartial,
@@ -207,6 +207,9 @@ impl Refresh {
             }
         }
         let counter = Counter::start(plan.clone(), &pipeline)?;
+        let probe = plan
+            .fitter(0, &FittedState::empty(&pipeline))?
+            .overflowing_only();
         let known = Arc::new(Mutex::new(Known::default()));
         let mut versions = VecDeque::new();
         if let Some(state) = given {
@@ -231,8 +234,7 @@ impl Refresh {
             full: Vec::new(),
             overflowed: Vec::new(),
             unfit: None,
-            plan,
-            probe: FitPartial::default(),
+            probe: Some(probe),
             probed: 0,
             total: FitPartial::default(),
             counted: 0,
@@ -374,6 +376,9 @@ impl Refresh {
         if let Some(why) = &self.unfit {
             return Err(ServeError::FailedPrecondition(why.clone()));
         }
+        // Rows held from `first` on are an earlier try of this batch, not acknowledged (its
+        // spool write failed after it was taken here): it is taken again now.
+        self.held.retain(|(pos, _)| *pos < first);
         self.check_warmup(batch, first)?;
         let mut out = Vec::new();
         let end = first + batch.num_rows() as u64;
@@ -424,27 +429,23 @@ impl Refresh {
     /// would leave that version unfit: values so large that their moments overflow. Its
     /// rows are not acknowledged then, where a first version that cannot be fitted would
     /// fail the stream (no version before to keep) and the rows already taken would fail
-    /// it again at every restart that replays them. The numbers are counted here a
-    /// second time, beside the counter, for the warmup's rows only.
+    /// it again at every restart that replays them. The statistics that can overflow are
+    /// gathered here a second time, beside the counter, for the warmup's rows only.
     fn check_warmup(&mut self, batch: &RecordBatch, first: u64) -> Result<(), ServeError> {
+        if !self.versions.is_empty() {
+            self.probe = None;
+        }
         let from = first.max(self.probed);
         let to = (first + batch.num_rows() as u64).min(self.spec.warmup());
-        if !self.versions.is_empty() || from >= to {
+        let Some(probe) = self.probe.as_ref().filter(|_| from < to) else {
             return Ok(());
-        }
+        };
         let rows = batch.slice((from - first) as usize, (to - from) as usize);
-        let empty = FittedState::empty(&self.pipeline);
-        let mut fitter = self
-            .plan
-            .fitter(0, &empty)
-            .map_err(internal)?
-            .numbers_only();
-        fitter.update(&rows).map_err(internal)?;
-        let mut trial = self.probe.clone();
-        trial.merge(fitter.into_partial().map_err(internal)?);
-        trial.collapse();
+        let mut trial = probe.clone();
+        trial.update(&rows).map_err(internal)?;
         let mut params = BTreeMap::new();
-        trial.clone().finish_after(&empty, &mut params);
+        let counted = trial.clone().into_partial().map_err(internal)?;
+        counted.finish_after(&FittedState::empty(&self.pipeline), &mut params);
         for (key, param) in &params {
             if let Err(e) = FittedState::check_param(key, param) {
                 return Err(ServeError::InvalidArgument(format!(
@@ -454,7 +455,7 @@ impl Refresh {
                 )));
             }
         }
-        self.probe = trial;
+        self.probe = Some(trial);
         self.probed = to;
         Ok(())
     }
@@ -721,7 +722,71 @@ fn internal(e: impl std::fmt::Display) -> ServeError {
 
 #[cfg(test)]
 mod tests {
+    use arrow::array::Float64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
     use super::*;
+    use crate::delivery::LastBatch;
+
+    const PIPELINE: &str = r#"
+name = "t"
+input = "flight"
+[stats]
+mode = "refresh"
+warmup = 8
+[[group]]
+name = "dense"
+kind = "dense"
+columns = ["x"]
+steps = ["standardize"]
+"#;
+
+    fn refresh() -> Refresh {
+        let spec = PipelineSpec::from_toml(PIPELINE, "t.toml").unwrap();
+        let plan = Arc::new(spec.plan(&spec.nominal_schema()).unwrap());
+        let placement = Placement::new(1, 4, LastBatch::Pad, 0, None).unwrap();
+        Refresh::new(&spec, plan, None, &placement).unwrap()
+    }
+
+    fn xs(values: &[f64]) -> RecordBatch {
+        let schema = Schema::new(vec![Field::new("x", DataType::Float64, true)]);
+        let column = Float64Array::from(values.to_vec());
+        RecordBatch::try_new(Arc::new(schema), vec![Arc::new(column)]).unwrap()
+    }
+
+    /// Rows of each piece, from its first row on.
+    fn rows(pieces: &[Piece]) -> Vec<(u64, usize)> {
+        pieces
+            .iter()
+            .map(|p| (p.first, p.batch.num_rows()))
+            .collect()
+    }
+
+    /// A batch taken again (its spool write failed after it was taken: not acknowledged)
+    /// is held once; and within the warmup, a batch that would leave the first version
+    /// unfit is refused whole and changes nothing: the next one is taken in its place.
+    #[test]
+    fn a_batch_taken_again_is_held_once_and_one_too_large_to_fit_is_refused_whole() {
+        let mut r = refresh();
+        assert!(r.take(&xs(&[1.0, 2.0, 3.0]), 0, 0).unwrap().is_empty());
+        assert!(r.take(&xs(&[4.0, 5.0]), 3, 0).unwrap().is_empty());
+        // Taken again at the same row, as a retried push is.
+        assert!(r.take(&xs(&[4.0, 5.0]), 3, 0).unwrap().is_empty());
+        let Err(e) = r.take(&xs(&[6.0, 1e200]), 5, 0) else {
+            panic!("a value of 1e200 was taken within the warmup");
+        };
+        assert!(
+            matches!(&e, ServeError::InvalidArgument(m) if m.contains("too large")),
+            "{e}"
+        );
+        let pieces = r.take(&xs(&[6.0, 7.0, 8.0, 9.0]), 5, 0).unwrap();
+        assert_eq!(rows(&pieces), [(0, 3), (3, 2), (5, 3), (8, 1)]);
+        let state = &pieces[0].state;
+        match &state.params["dense/x/0"] {
+            FittedParam::Standardize { mean, .. } => assert_eq!(*mean, 4.5),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn versions_take_effect_where_steps_and_windows_both_begin() {
