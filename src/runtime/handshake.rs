@@ -119,7 +119,7 @@ pub(super) fn key(secret: Option<&ClusterSecret>) -> hmac::Key {
 
 /// A process's seat as a greeting carries it: its index in the low 32 bits, the number of
 /// processes it was started with (`--processes`) in the high ones.
-pub(super) fn seat(index: usize, processes: usize) -> u64 {
+fn seat(index: usize, processes: usize) -> u64 {
     (index as u64 & u64::from(u32::MAX)) | (processes as u64) << 32
 }
 

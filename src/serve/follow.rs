@@ -541,8 +541,12 @@ impl Follower {
                 Ok(()) => rows += n,
                 Err(ServeError::InvalidArgument(e)) => (error, open) = (Some(e), false),
                 // Ended (`end_ingest`), or failed and said so already.
-                Err(_) if pushed.counts.ended.load(Ordering::SeqCst) => return Err(Stop::Over),
-                Err(_) if pushed.replay_failed().is_some() => return Err(Stop::Over),
+                Err(_)
+                    if pushed.counts.ended.load(Ordering::SeqCst)
+                        || pushed.replay_failed().is_some() =>
+                {
+                    return Err(Stop::Over);
+                }
                 // The stream cannot go on (its first statistics cannot be fitted, the
                 // dataflow failed): said in the log and to every trainer, not let go.
                 Err(e) => return Err(Stop::Failed(e.to_string())),

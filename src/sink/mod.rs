@@ -65,7 +65,7 @@ impl SinkSpec {
             sink: self.to_string(),
             reason,
         };
-        if dir.exists() && !dir.is_dir() {
+        if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
             return Err(err(format!(
                 "{} is not a folder: parquet:DIR names a folder, and each rank's part files \
                  are written in it",

@@ -142,10 +142,9 @@ pub(super) struct Refresh {
     /// Why no first version could be fitted: every later batch fails with it.
     unfit: Option<String>,
     /// Before the first version: the statistics that can overflow, of the warmup's rows
-    /// before `probed`, gathered as the counter gathers them (the same rows in the same
+    /// counted so far, gathered as the counter gathers them (the same rows in the same
     /// slices, so that their sums come out the same); `None` once a version exists.
     probe: Option<Fitter>,
-    probed: u64,
     /// The rows before it (decayed).
     total: FitPartial,
     /// Rows counted: those before are in `total` or `fitter`.
@@ -235,7 +234,6 @@ impl Refresh {
             overflowed: Vec::new(),
             unfit: None,
             probe: Some(probe),
-            probed: 0,
             total: FitPartial::default(),
             counted: 0,
             last_at: 0,
@@ -435,7 +433,8 @@ impl Refresh {
         if !self.versions.is_empty() {
             self.probe = None;
         }
-        let from = first.max(self.probed);
+        // Rows counted already (a batch taken again) were checked when first taken.
+        let from = first.max(self.counted);
         let to = (first + batch.num_rows() as u64).min(self.spec.warmup());
         let Some(probe) = self.probe.as_ref().filter(|_| from < to) else {
             return Ok(());
@@ -448,16 +447,23 @@ impl Refresh {
         counted.finish_after(&FittedState::empty(&self.pipeline), &mut params);
         for (key, param) in &params {
             if let Err(e) = FittedState::check_param(key, param) {
+                let why = self.unfit_why(to, &e);
                 return Err(ServeError::InvalidArgument(format!(
-                    "pipeline `{}`: stream rows 0..{to} cannot be fitted: {e} (values too \
-                     large to fit: clip or rescale them); nothing of this batch was taken",
-                    self.pipeline
+                    "{why}; nothing of this batch was taken"
                 )));
             }
         }
         self.probe = Some(trial);
-        self.probed = to;
         Ok(())
+    }
+
+    /// Why the statistics of stream rows `0..at` cannot be fitted (`e`, of a parameter).
+    fn unfit_why(&self, at: u64, e: &dyn std::fmt::Display) -> String {
+        format!(
+            "pipeline `{}`: the statistics of stream rows 0..{at} cannot be fitted: {e} \
+             (values too large to fit: clip or rescale them)",
+            self.pipeline
+        )
     }
 
     /// The input ended: without a version yet, the first is fitted on the rows held.
@@ -554,11 +560,7 @@ impl Refresh {
             .collect();
         let mut keys = Vec::new();
         for (key, why) in unfit {
-            let why = format!(
-                "pipeline `{}`: the statistics of stream rows 0..{at} cannot be fitted: {why} \
-                 (values too large to fit: clip or rescale them)",
-                self.pipeline
-            );
+            let why = self.unfit_why(at, &why);
             let Some(kept) = prev.params.get(&key) else {
                 self.unfit = Some(why.clone());
                 return Err(ServeError::FailedPrecondition(why));
