@@ -228,6 +228,66 @@ fn a_resumed_run_matches_the_uninterrupted_one() {
     }
 }
 
+/// Shuffled, every row lands where the pure placement function says, whatever the
+/// shuffle window's size against the batches rows are read in (8,192 rows): windows
+/// far smaller (cut into many windows a batch), a multiple of the batch size (strided)
+/// and larger.
+#[test]
+fn shuffled_rows_land_where_the_plan_places_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    // The three files are the units, in file order.
+    let units = vec![2000u64, 1501, 1502];
+    let first_row = [0u64, 2000, 3501];
+    for (b, window) in [(7usize, 3u64), (7, 14), (100, 97), (100, 1400), (64, 9000)] {
+        let name = format!("b{b}-k{window}");
+        let (bs, ks) = (b.to_string(), window.to_string());
+        let args = [
+            "--ranks",
+            "2",
+            "--batch-size",
+            &bs,
+            "--epochs",
+            "2",
+            "--shuffle",
+            "--shuffle-window",
+            &ks,
+            "--seed",
+            "11",
+        ];
+        let (summary, placed) = deliver(dir.path(), &io, &name, &args);
+        check_epoch(&placed, &summary, 2, b as u64, true);
+        let plan = hydrant::EpochPlan::new(
+            units.clone(),
+            2,
+            b,
+            hydrant::LastBatch::Pad,
+            11,
+            Some(window),
+        )
+        .unwrap();
+        for epoch in 0..2 {
+            // Each row's position in the epoch, from the order its units are read in.
+            let mut pos = BTreeMap::new();
+            for (u, at, rows) in plan.unit_positions(epoch) {
+                for k in 0..rows {
+                    pos.insert(first_row[u] + k, at + k);
+                }
+            }
+            for p in placed.iter().filter(|p| p.epoch == epoch && !p.is_padding) {
+                let want = plan.place(epoch, pos[&p.row_id]).unwrap();
+                let got = (p.step, p.rank as usize, p.slot);
+                assert_eq!(
+                    got,
+                    (want.step, want.rank, want.slot),
+                    "{name}: row {} of epoch {epoch}",
+                    p.row_id
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn bad_delivery_options_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
