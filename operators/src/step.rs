@@ -186,6 +186,14 @@ impl Arg {
                     "`{text}` is beyond a 64-bit float's range (write inf if that is meant)"
                 ));
             }
+            // `1e-400` parses as 0: said too, where a digit before the exponent is not 0.
+            let mantissa = spelled.split('e').next().unwrap_or_default();
+            if value == 0.0 && mantissa.bytes().any(|b| matches!(b, b'1'..=b'9')) {
+                return Err(format!(
+                    "`{text}` is too small for a 64-bit float: it would be read as 0 (write 0 \
+                     if that is meant)"
+                ));
+            }
             Ok(Number {
                 text: text.to_string(),
                 value,
@@ -371,6 +379,15 @@ mod tests {
             Step::parse("clip(-Infinity, inf)").unwrap(),
             Step::Clip(f64::NEG_INFINITY, f64::INFINITY)
         );
+        // Zero written with an exponent is zero; the smallest subnormal is not refused.
+        assert_eq!(
+            Step::parse("clip(-0e500, 0.00e-7)").unwrap(),
+            Step::Clip(0.0, 0.0)
+        );
+        assert_eq!(
+            Step::parse("fill_null(5e-324)").unwrap(),
+            Step::FillNull(5e-324)
+        );
     }
 
     #[test]
@@ -384,6 +401,7 @@ mod tests {
                 "`-1e400` is beyond a 64-bit float's range",
             ),
             ("fill_null(1e309)", "beyond"),
+            ("fill_null(-2.5e-400)", "`-2.5e-400` is too small"),
             ("clip(1)", "takes 2"),
             ("fill_null", "takes 1"),
             ("fill_null(x)", "not a number"),

@@ -64,7 +64,7 @@ impl Cluster {
 
     /// Every process's address, by process: the first `processes` lines of the hostfile
     /// (a hostfile may list more hosts than a job uses), blank lines and `#` comments
-    /// left out.
+    /// (whole lines, or the end of one) left out.
     pub fn addresses(&self) -> Result<Vec<String>> {
         let Some(h) = &self.hostfile else {
             return Ok((0..self.processes).map(default_address).collect());
@@ -74,8 +74,9 @@ impl Cluster {
             .map_err(|e| Error::Usage(format!("hostfile {}: {e}", h.display())))?;
         let lines: Vec<String> = text
             .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            // An address holds no `#`: from one on, a line is a comment.
+            .map(|l| l.split('#').next().unwrap_or_default().trim())
+            .filter(|l| !l.is_empty())
             .map(String::from)
             .collect();
         if lines.len() < self.processes {
@@ -597,7 +598,7 @@ pub(super) mod tests {
     fn a_hostfile_s_comments_and_blank_lines_are_not_hosts() {
         let dir = tempfile::tempdir().unwrap();
         let hosts = dir.path().join("hosts");
-        let text = "# the job's nodes\n\n  node-a:7001\n# node-b is down\nnode-c:7001  \n";
+        let text = "# the job's nodes\n\n  node-a:7001\n# node-b is down\nnode-c:7001  # rack 2\n";
         std::fs::write(&hosts, text).unwrap();
         let cluster = Cluster {
             workers: 1,

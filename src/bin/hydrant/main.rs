@@ -117,7 +117,8 @@ struct Common {
     /// This process's index in the cluster.
     #[arg(long, default_value_t = 0, value_parser = int_in(0, MAX_PROCESSES - 1))]
     process: usize,
-    /// host:port per line, one per process (the first --processes lines are used).
+    /// host:port per line, one per process (the first --processes lines are used; `#`
+    /// starts a comment). Without one, processes listen on localhost:2101, 2102, ….
     #[arg(long)]
     hostfile: Option<PathBuf>,
     /// A file holding the cluster's shared secret (at least 16 bytes; for example
