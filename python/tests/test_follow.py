@@ -250,3 +250,24 @@ def test_a_followed_file_too_large_to_fit_within_the_warmup_is_skipped(tmp_path)
         assert np.isfinite(xs).all()
     finally:
         server.stop()
+
+
+def test_a_server_stopped_while_a_followed_file_waits_for_trainers_says_nothing_of_it(tmp_path):
+    """SIGTERM while a followed folder's rows wait for queue space (no trainer reads):
+    the server stops cleanly, and the follower does not log that following stopped (it
+    used to: "following … stopped: … rank 0 stopped reading before its last batch",
+    and failed the input as it went)."""
+    toml, state = fitted(tmp_path, PIPELINE.replace('event_time = "ts"\n', ""))
+    folder = tmp_path / "in"
+    folder.mkdir()
+    server = Server("--pipeline", toml, "--state", state, "--follow", folder,
+                    "--state-dir", tmp_path / "sd", "--ranks", "1", "--batch-size", "100")
+    client = Client(server.uri)
+    for k in range(3):
+        publish(table(50_000, 50_000 * k, 0).drop(["ts"]), folder, f"{k}.parquet")
+    pushed = lambda: client.status()["pipelines"][0]["pushed"]  # noqa: E731
+    wait_for(lambda: pushed()["rows_in"] > 0, "rows to be admitted")
+    time.sleep(0.5)
+    assert pushed()["rows_in"] < 150_000, "nothing was held back: the test needs a full queue"
+    assert server.lines_logged("hydrant:") == ["hydrant: shutting down"]
+    assert server.proc.returncode == 0

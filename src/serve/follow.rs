@@ -268,8 +268,13 @@ impl Follower {
         }
     }
 
-    /// Stops following for good: the input fails with `why`, told in the log.
+    /// Stops following for good: the input fails with `why`, told in the log; unless the
+    /// server is shutting down, which is why an admission fails then.
     fn stop(&self, why: String) {
+        let pushed = self.pushed.upgrade();
+        if pushed.is_some_and(|p| p.counts.closing.load(Ordering::SeqCst)) {
+            return;
+        }
         hydrant_operators::log_line!(
             "hydrant: following {} stopped: {why}",
             self.read.dir.display()

@@ -300,6 +300,14 @@ impl ServedPipeline {
         self
     }
 
+    /// Marks the pipeline as shutting down, before its streams are closed: its followed
+    /// folder then stops without a word when its rows can no longer be delivered.
+    pub fn shutting_down(&self) {
+        if let Some(ingest) = &self.ingest {
+            ingest.counts.closing.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// Forgets the runs no stream has read for the idle timeout, and returns how many:
     /// a trainer that went away mid-epoch leaves its run's batches and threads behind
     /// until then. (Pushed input's one run is never forgotten.)

@@ -348,7 +348,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         drop(out);
         // On SIGINT/SIGTERM stop accepting calls and let streams finish, but not forever:
         // a stream can wait on a rank no one reads.
-        let failed = served.clone();
+        let (failed, closed) = (served.clone(), served.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(served.sweep_every());
             loop {
@@ -361,6 +361,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             shutdown_signal().await;
+            closed.shutting_down();
             let _ = stop_tx.send(true);
         });
         let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {

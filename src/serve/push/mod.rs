@@ -109,6 +109,9 @@ pub(super) struct PushCounts {
     pub batches_in: AtomicU64,
     pub dropped: AtomicU64,
     pub ended: AtomicBool,
+    /// The server is shutting down: an admission that fails from here on fails because
+    /// its streams are being closed, not because of the input.
+    pub closing: AtomicBool,
     pub duplicates: AtomicU64,
     pub replayed: AtomicU64,
     /// Whether admitted batches are spooled (`--state-dir`).
@@ -397,10 +400,16 @@ impl Pushed {
             st.deliver(featurized)?;
         }
         let mut out = st.rows_out.take();
-        st.dropped = out
-            .as_mut()
-            .map_or(Ok(0), PushedRows::end)
-            .map_err(internal)?;
+        st.dropped = match out.as_mut().map_or(Ok(0), PushedRows::end) {
+            Ok(dropped) => dropped,
+            // The dataflow is gone: the input cannot be ended, and says why from now on
+            // (to a follower too, which would otherwise take it for still open).
+            Err(e) => {
+                let e = internal(e);
+                fail_locked(st, &self.counts, e.to_string());
+                return Err(e);
+            }
+        };
         self.counts.dropped.store(st.dropped, Ordering::Relaxed);
         self.counts.ended.store(true, Ordering::Relaxed);
         for run in lock(runs).iter() {
