@@ -381,7 +381,7 @@ mod tests {
                         // in it.
                         let last = (first + n - 1) / k;
                         assert!(
-                            (first + n) % k == 0 || first + n == 36 || first / k == last,
+                            (first + n).is_multiple_of(k) || first + n == 36 || first / k == last,
                             "rows {first}..{}",
                             first + n
                         );
