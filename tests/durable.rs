@@ -621,3 +621,62 @@ fn refused_after_the_cut(
         reader.abort();
     });
 }
+
+/// A push that cannot be spooled because the state directory's disk is full is refused
+/// with RESOURCE_EXHAUSTED, naming the spool within `--state-dir`, not by the server's
+/// path; nothing of it is taken, and the same push (same sequence number) is taken once
+/// there is room: every row once. Needs a tmpfs to fill, so root.
+#[test]
+fn a_push_refused_for_a_full_disk_is_taken_when_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    let Some(_mounted) = common::small_tmpfs(&disk) else {
+        return;
+    };
+    let spool = disk.join("s");
+    let args = ["--state-dir".as_ref(), spool.as_os_str()];
+    let (_server, uri) = start_with(dir.path(), &args);
+    let filler = disk.join("filler");
+    let rt = runtime();
+    let steps = rt.block_on(async {
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { common::pushed::read_steps(&uri, 0, usize::MAX).await }
+        });
+        let mut client = flight_client(&uri).await;
+        assert_eq!(ack(&mut client, ("p", 0)).await["rows"], 50);
+        // Fill the disk (the write stops short when it is full).
+        let _ = std::fs::write(&filler, vec![0u8; 2 << 20]);
+        // Larger than what the segment's last page has left.
+        let messages = produced(batch(20_000), Some(("p", 1))).await;
+        let refused = match client.do_put(futures::stream::iter(messages)).await {
+            Ok(acks) => acks
+                .into_inner()
+                .try_collect::<Vec<_>>()
+                .await
+                .expect_err("a push onto a full disk was acknowledged"),
+            Err(status) => status,
+        };
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+        let said = refused.message();
+        assert!(
+            said.contains("--state-dir/pushed-") && !said.contains(dir.path().to_str().unwrap()),
+            "{said}"
+        );
+        std::fs::remove_file(&filler).unwrap();
+        let again = push_all(&uri, "p", 1..2, 20_000).await;
+        assert_eq!(
+            again,
+            Vec::<u64>::new(),
+            "the retry was taken for a duplicate"
+        );
+        end_ingest(&uri).await;
+        reader.await.unwrap()
+    });
+    let mut ids: Vec<u64> = steps
+        .iter()
+        .flat_map(|s| common::real_row_ids(&s.batch))
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..20_050).collect::<Vec<_>>());
+}

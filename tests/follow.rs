@@ -163,26 +163,9 @@ fn a_full_state_disk_holds_admissions_until_there_is_room() {
     let (followed, disk) = (dir.path().join("followed"), dir.path().join("disk"));
     std::fs::create_dir_all(&followed).unwrap();
     std::fs::create_dir_all(&disk).unwrap();
-    let mount = |args: &[&std::ffi::OsStr]| {
-        std::process::Command::new(args[0])
-            .args(&args[1..])
-            .status()
-    };
-    let mounted = mount(&[
-        "mount".as_ref(),
-        "-t".as_ref(),
-        "tmpfs".as_ref(),
-        "-o".as_ref(),
-        "size=1m".as_ref(),
-        "tmpfs".as_ref(),
-        disk.as_os_str(),
-    ]);
-    if !mounted.is_ok_and(|s| s.success()) {
-        // Only root mounts a filesystem to fill; CI runs as root.
-        assert_ne!(unsafe_euid(), 0, "root could not mount a tmpfs");
-        eprintln!("skipped: mounting a tmpfs needs root");
+    let Some(_mounted) = common::small_tmpfs(&disk) else {
         return;
-    }
+    };
     let filler = disk.join("filler");
     common::pushed::runtime().block_on(async {
         let (_server, uri) = serve_following(&followed, &state, &disk.join("s"));
@@ -210,13 +193,6 @@ fn a_full_state_disk_holds_admissions_until_there_is_room() {
         let ranks = reader.await.unwrap();
         assert_eq!(sorted_ids(&ranks), (0..2_000).collect::<Vec<_>>());
     });
-    let _ = std::process::Command::new("umount").arg(&disk).status();
-}
-
-/// This process's effective user id.
-fn unsafe_euid() -> u32 {
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
 }
 
 /// A careless writer: files written in place, as pandas' `to_parquet` or `cp` do, seen by

@@ -450,3 +450,34 @@ pub fn real_row_ids(batch: &RecordBatch) -> Vec<u64> {
         .map(|r| ids.value(r))
         .collect()
 }
+
+/// A 1 MiB tmpfs mounted at `at` (made if need be), to fill in tests of a full disk;
+/// unmounted when dropped. `None` where mounting is not allowed (not root: CI runs as
+/// root, so the tests that need one are skipped only on a developer's machine).
+pub fn small_tmpfs(at: &Path) -> Option<Tmpfs> {
+    std::fs::create_dir_all(at).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(at)
+        .status();
+    if mounted.is_ok_and(|s| s.success()) {
+        return Some(Tmpfs(at.to_path_buf()));
+    }
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    assert_ne!(
+        unsafe { libc::geteuid() },
+        0,
+        "root could not mount a tmpfs"
+    );
+    eprintln!("skipped: mounting a tmpfs needs root");
+    None
+}
+
+/// A mounted tmpfs (see [`small_tmpfs`]).
+pub struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}

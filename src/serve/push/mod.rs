@@ -391,7 +391,9 @@ impl Pushed {
                 .map_err(spool_error)?;
         }
         if durable && let Some(record) = &mut st.end_record {
-            record(st.next_row).map_err(|e| ServeError::Internal(e.to_string()))?;
+            // A full disk is RESOURCE_EXHAUSTED: the end can be asked again once there
+            // is room (nothing was ended).
+            record(st.next_row).map_err(spool_error)?;
         }
         if let Some(refresh) = &mut st.refresh {
             // Input shorter than the warmup: the first version is fitted on what came.
@@ -494,8 +496,20 @@ fn internal(e: crate::Error) -> ServeError {
 /// acknowledged), anything else INTERNAL.
 fn spool_error(e: crate::Error) -> ServeError {
     match e {
-        crate::Error::StateFull { .. } => ServeError::ResourceExhausted(e.to_string()),
-        e => internal(e),
+        crate::Error::StateFull { .. } => ServeError::ResourceExhausted(state_told(&e)),
+        e => ServeError::Internal(state_told(&e)),
+    }
+}
+
+/// `e` as a client is told it: a state file named in the state directory, not by the
+/// server's path.
+fn state_told(e: &crate::Error) -> String {
+    match e {
+        crate::Error::State { path, reason } | crate::Error::StateFull { path, reason } => {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            format!("state --state-dir/{name}: {reason}")
+        }
+        e => e.to_string(),
     }
 }
 
@@ -506,15 +520,15 @@ mod tests {
     #[test]
     fn a_full_disk_is_resource_exhausted_and_other_spool_failures_internal() {
         let at = |full: bool| {
-            let (path, reason) = ("/s/pushed.spool".into(), "cannot spool".to_string());
+            let (path, reason) = ("/srv/sd/pushed.spool".into(), "cannot spool".to_string());
             match full {
                 true => crate::Error::StateFull { path, reason },
                 false => crate::Error::State { path, reason },
             }
         };
-        assert!(
-            matches!(spool_error(at(true)), ServeError::ResourceExhausted(m) if m.contains("cannot spool"))
-        );
-        assert!(matches!(spool_error(at(false)), ServeError::Internal(_)));
+        // Named in the state directory, not by the server's path.
+        let said = "state --state-dir/pushed.spool: cannot spool";
+        assert!(matches!(spool_error(at(true)), ServeError::ResourceExhausted(m) if m == said));
+        assert!(matches!(spool_error(at(false)), ServeError::Internal(m) if m == said));
     }
 }
