@@ -464,11 +464,8 @@ pub fn small_tmpfs(at: &Path) -> Option<Tmpfs> {
         return Some(Tmpfs(at.to_path_buf()));
     }
     // SAFETY: `geteuid` has no preconditions and cannot fail.
-    assert_ne!(
-        unsafe { libc::geteuid() },
-        0,
-        "root could not mount a tmpfs"
-    );
+    let euid = unsafe { libc::geteuid() };
+    assert_ne!(euid, 0, "root could not mount a tmpfs");
     eprintln!("skipped: mounting a tmpfs needs root");
     None
 }
