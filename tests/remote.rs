@@ -146,6 +146,14 @@ fn credentials_are_needed_and_used() {
     );
     let err = Pipeline::connect(&uri, "criteo").unwrap_err().to_string();
     assert!(err.to_lowercase().contains("unauthenticated"), "{err}");
+    // Found by a hostile run: PollFlightInfo told callers with no token it was not
+    // implemented, where every other call refuses them.
+    let refused = common::pushed::runtime().block_on(async {
+        let mut client = common::pushed::flight_client(&uri).await;
+        let descriptor = arrow_flight::FlightDescriptor::new_path(vec!["criteo".into()]);
+        client.poll_flight_info(descriptor).await.unwrap_err()
+    });
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused}");
     let remote = hydrant::Remote::connect_with_credentials(&uri, "criteo", "alice", "guess");
     assert!(remote.is_err());
     let remote =

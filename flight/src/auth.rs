@@ -65,13 +65,18 @@ pub enum Denied {
     Throttled(String),
 }
 
-/// Tokens alive at most; the oldest go first beyond.
-const MAX_TOKENS: usize = 4096;
+/// Tokens one user holds at most: past it, a login lets go of that user's oldest token,
+/// so that no user can push another's tokens out by logging in over and over.
+pub const MAX_USER_TOKENS: usize = 4096;
+/// Tokens alive at most, whoever holds them: past it, a login lets go of the oldest token
+/// of the user that holds the most.
+const MAX_TOKENS: usize = 16 * MAX_USER_TOKENS;
 /// Failed logins a peer may make per [`FAILURE_WINDOW`] before it is refused.
 pub const MAX_FAILURES: u32 = 5;
 /// The window failed logins are counted over, and how long a peer is then refused.
 pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
-/// Peers whose failures are remembered at most.
+/// Peers whose failures are remembered at most; past it, the failures of every peer not
+/// remembered are counted together (see [`Failures`]).
 const MAX_PEERS: usize = 4096;
 /// How long a token lives unless told otherwise.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -95,7 +100,50 @@ pub struct Auth {
     users: Vec<User>,
     ttl: Duration,
     tokens: Mutex<HashMap<String, Issued>>,
-    failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
+    failures: Mutex<Failures>,
+}
+
+/// Failed logins: per peer (an IPv6 peer by its /64, the block one host is given), and,
+/// once [`MAX_PEERS`] peers are remembered, for all other peers together, so that failures
+/// spread over more addresses than that are still counted (those peers are then refused
+/// together, rather than not at all).
+struct Failures {
+    by_peer: HashMap<IpAddr, (u32, Instant)>,
+    others: (u32, Instant),
+}
+
+impl Default for Failures {
+    fn default() -> Self {
+        Failures {
+            by_peer: HashMap::new(),
+            others: (0, Instant::now()),
+        }
+    }
+}
+
+impl Failures {
+    /// `peer`'s count: its own, or the others' when it has none and the table is full.
+    fn of(&mut self, peer: IpAddr) -> &mut (u32, Instant) {
+        let full = self.by_peer.len() >= MAX_PEERS && !self.by_peer.contains_key(&peer);
+        match full {
+            true => &mut self.others,
+            false => self.by_peer.entry(peer).or_insert((0, Instant::now())),
+        }
+    }
+}
+
+/// The address failures are counted by: an IPv4 address (one mapped into IPv6 too), or
+/// an IPv6 address's /64.
+fn counted_as(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(_) => peer,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from_bits(
+                v6.to_bits() & !u128::from(u64::MAX),
+            )),
+        },
+    }
 }
 
 impl std::fmt::Debug for Auth {
@@ -126,6 +174,7 @@ impl Auth {
         // who then could never log in.
         let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
         let mut users = Vec::new();
+        let mut names = std::collections::HashSet::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -147,7 +196,7 @@ impl Auth {
                 ));
             }
             // Two lines for one user: which password and roles hold would be a guess.
-            if users.iter().any(|(u, _, _)| u == user) {
+            if !names.insert(user) {
                 return Err(at(format!(
                     "user `{}` is given twice",
                     hydrant_operators::quoted(user)
@@ -198,16 +247,21 @@ impl Auth {
         peer: Option<IpAddr>,
     ) -> Result<String, Denied> {
         let now = Instant::now();
-        if let Some(peer) = peer
-            && let Some(&(n, since)) = lock(&self.failures).get(&peer)
-            && n >= MAX_FAILURES
-            && now.duration_since(since) < FAILURE_WINDOW
-        {
-            let wait = FAILURE_WINDOW - now.duration_since(since);
-            return Err(Denied::Throttled(format!(
-                "too many failed logins from {peer}; retry in {} s",
-                wait.as_secs() + 1
-            )));
+        let peer = peer.map(counted_as);
+        if let Some(peer) = peer {
+            let mut failures = lock(&self.failures);
+            let &mut (n, since) = failures.of(peer);
+            if n >= MAX_FAILURES && now.duration_since(since) < FAILURE_WINDOW {
+                let wait = FAILURE_WINDOW - now.duration_since(since);
+                let from = match failures.by_peer.contains_key(&peer) {
+                    true => format!("from {peer}"),
+                    false => "from too many addresses".into(),
+                };
+                return Err(Denied::Throttled(format!(
+                    "too many failed logins {from}; retry in {} s",
+                    wait.as_secs() + 1
+                )));
+            }
         }
         let Some(user) = self.verify(authorization) else {
             if let Some(peer) = peer {
@@ -215,18 +269,26 @@ impl Auth {
             }
             return Err(Denied::Unauthenticated("wrong user or password".into()));
         };
-        if let Some(peer) = peer {
-            lock(&self.failures).remove(&peer);
-        }
+        // A login does not clear its address's failures: they may have been guesses at
+        // another user's password, made between logins of one's own.
         let mut rng = rand::rng();
         let token: String = (0..32)
             .map(|_| format!("{:x}", rng.random_range(0..16u8)))
             .collect();
         let mut tokens = lock(&self.tokens);
         tokens.retain(|_, t| t.expires > now);
-        if tokens.len() >= MAX_TOKENS
+        let held = tokens.values().filter(|t| t.user == user).count();
+        let evict = if held >= MAX_USER_TOKENS {
+            Some(user)
+        } else if tokens.len() >= MAX_TOKENS {
+            most_tokens(&tokens)
+        } else {
+            None
+        };
+        if let Some(owner) = evict
             && let Some(oldest) = tokens
                 .iter()
+                .filter(|(_, t)| t.user == owner)
                 .min_by_key(|(_, t)| t.expires)
                 .map(|(k, _)| k.clone())
         {
@@ -261,13 +323,11 @@ impl Auth {
 
     fn failed(&self, peer: IpAddr, now: Instant) {
         let mut failures = lock(&self.failures);
-        if failures.len() >= MAX_PEERS {
-            failures.retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
+        if failures.by_peer.len() >= MAX_PEERS {
+            let by_peer = &mut failures.by_peer;
+            by_peer.retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
         }
-        if failures.len() >= MAX_PEERS {
-            return; // under a spread-out attack, the window's first peers stay counted
-        }
-        let entry = failures.entry(peer).or_insert((0, now));
+        let entry = failures.of(peer);
         if now.duration_since(entry.1) >= FAILURE_WINDOW {
             *entry = (0, now);
         }
@@ -284,13 +344,16 @@ impl Auth {
             .and_then(|a| a.strip_prefix("Bearer "))
             .map(str::trim)
             .ok_or_else(|| {
-                Denied::Unauthenticated("missing or wrong bearer token (handshake first)".into())
+                Denied::Unauthenticated("missing bearer token (handshake first)".into())
             })?;
         let tokens = lock(&self.tokens);
         // A map lookup, not a constant-time comparison: the token is 128 random bits and
         // the lookup hashes it first, so timing reveals nothing usable about other tokens.
         let issued = tokens.get(token).ok_or_else(|| {
-            Denied::Unauthenticated("missing or wrong bearer token (handshake first)".into())
+            Denied::Unauthenticated(format!(
+                "unknown bearer token (handshake again: a token ends when the server \
+                 restarts, and when its user logs in {MAX_USER_TOKENS} times more)"
+            ))
         })?;
         if issued.expires <= Instant::now() {
             return Err(Denied::Unauthenticated(
@@ -307,6 +370,17 @@ impl Auth {
         }
         Ok(())
     }
+}
+
+/// The user holding the most of `tokens`.
+fn most_tokens(tokens: &HashMap<String, Issued>) -> Option<usize> {
+    let mut held: HashMap<usize, usize> = HashMap::new();
+    for t in tokens.values() {
+        *held.entry(t.user).or_default() += 1;
+    }
+    held.into_iter()
+        .max_by_key(|&(_, n)| n)
+        .map(|(user, _)| user)
 }
 
 /// The roles of a comma-separated list. What is not a role is not quoted: it may be the
@@ -398,6 +472,91 @@ mod tests {
         assert!(matches!(e, Err(Denied::Throttled(_))), "{e:?}");
         assert!(
             auth.handshake(Some(&basic("alice:s3cret")), Some(other))
+                .is_ok()
+        );
+    }
+
+    /// Found by a hostile run: logging in as oneself between guesses at another user's
+    /// password cleared the address's failures, so the guessing was never throttled.
+    #[test]
+    fn a_login_of_ones_own_does_not_clear_the_failures_before_it() {
+        let auth = Auth::new(vec![
+            ("mallory".into(), "own".into()),
+            ("root".into(), "hunter2".into()),
+        ]);
+        let peer = Some("10.0.0.1".parse().unwrap());
+        for k in 0..MAX_FAILURES {
+            let e = auth.handshake(Some(&basic("root:guess")), peer);
+            assert!(
+                matches!(e, Err(Denied::Unauthenticated(_))),
+                "guess {k}: {e:?}"
+            );
+            if k + 1 < MAX_FAILURES {
+                assert!(auth.handshake(Some(&basic("mallory:own")), peer).is_ok());
+            }
+        }
+        let e = auth.handshake(Some(&basic("root:hunter2")), peer);
+        assert!(matches!(e, Err(Denied::Throttled(_))), "{e:?}");
+    }
+
+    /// Found by a hostile run: one user logging in 4,096 times pushed every other user's
+    /// tokens out. A user's logins now let go of that user's own oldest tokens only.
+    #[test]
+    fn one_users_logins_do_not_end_another_users_tokens() {
+        let auth = Auth::new(vec![
+            ("alice".into(), "a".into()),
+            ("mallory".into(), "m".into()),
+        ]);
+        let alice = auth.handshake(Some(&basic("alice:a")), None).unwrap();
+        let first = auth.handshake(Some(&basic("mallory:m")), None).unwrap();
+        for _ in 0..MAX_USER_TOKENS + 10 {
+            auth.handshake(Some(&basic("mallory:m")), None).unwrap();
+        }
+        assert!(auth.check(Some(&alice), Some(Role::Train)).is_ok());
+        let e = auth.check(Some(&first), None).unwrap_err();
+        assert!(e.to_string().contains("unknown bearer token"), "{e}");
+        let held = lock(&auth.tokens).len();
+        assert_eq!(held, MAX_USER_TOKENS + 1, "mallory's and alice's");
+    }
+
+    /// Found by a hostile run: once 4,096 addresses had failed, failures from any other
+    /// were not counted at all. They are now counted together; and an IPv6 peer's failures
+    /// count for its /64.
+    #[test]
+    fn failures_from_more_addresses_than_are_remembered_are_still_counted() {
+        let auth = Auth::new(vec![("root".into(), "hunter2".into())]);
+        for k in 0..MAX_PEERS as u32 {
+            let peer = IpAddr::V4(std::net::Ipv4Addr::from_bits(0x0a00_0000 + k));
+            assert!(
+                auth.handshake(Some(&basic("root:guess")), Some(peer))
+                    .is_err()
+            );
+        }
+        let fresh = |k: u32| Some(IpAddr::V4(std::net::Ipv4Addr::from_bits(0x0b00_0000 + k)));
+        for k in 0..MAX_FAILURES {
+            let e = auth.handshake(Some(&basic("root:guess")), fresh(k));
+            assert!(matches!(e, Err(Denied::Unauthenticated(_))), "{e:?}");
+        }
+        let e = auth.handshake(Some(&basic("root:hunter2")), fresh(99));
+        assert!(
+            matches!(&e, Err(Denied::Throttled(m)) if m.contains("too many addresses")),
+            "{e:?}"
+        );
+
+        let auth = Auth::new(vec![("root".into(), "hunter2".into())]);
+        for k in 0..MAX_FAILURES {
+            let peer = format!("2001:db8:1:2::{:x}", k + 1).parse().unwrap();
+            assert!(
+                auth.handshake(Some(&basic("root:guess")), Some(peer))
+                    .is_err()
+            );
+        }
+        let same_64 = Some("2001:db8:1:2:ffff::9".parse().unwrap());
+        let e = auth.handshake(Some(&basic("root:hunter2")), same_64);
+        assert!(matches!(e, Err(Denied::Throttled(_))), "{e:?}");
+        let other_64 = Some("2001:db8:1:3::1".parse().unwrap());
+        assert!(
+            auth.handshake(Some(&basic("root:hunter2")), other_64)
                 .is_ok()
         );
     }

@@ -390,8 +390,10 @@ impl FlightService for FlightServer {
 
     async fn poll_flight_info(
         &self,
-        _request: Request<FlightDescriptor>,
+        request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
+        // As an unknown action: what the server cannot do is told to its users only.
+        self.check_token(header(&request), None)?;
         Err(Status::unimplemented("PollFlightInfo: use GetFlightInfo"))
     }
 

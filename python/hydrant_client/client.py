@@ -45,6 +45,13 @@ class Client:
             except (flight.FlightError, pa.ArrowException) as e:
                 why = self._why_unreachable(e)
                 raise HydrantError(str(why)) from why
+            if not header[0]:
+                # A server without --token-file answers the handshake with no token: an
+                # empty header would fail every later call as INTERNAL "Invalid metadata".
+                raise HydrantError(
+                    f"{uri} takes no credentials (its server was started without "
+                    "--token-file): connect without token="
+                )
             self._options = flight.FlightCallOptions(headers=[header])
 
     def _why_unreachable(self, error: Exception) -> Exception:

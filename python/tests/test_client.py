@@ -91,8 +91,17 @@ def test_auth_accepted_and_rejected(serve, tmp_path):
     assert len(ok.endpoints("criteo")) == 1
     with pytest.raises(HydrantError, match="unauthenticated error, with message: wrong user or password"):
         Client(s.uri, token=("alice", "guess"))
-    with pytest.raises(HydrantError, match="(?i)unauthenticated.*missing or wrong bearer token"):
+    with pytest.raises(HydrantError, match="(?i)unauthenticated.*missing bearer token"):
         Client(s.uri).endpoints("criteo")
+
+
+def test_credentials_for_a_server_without_a_token_file_are_refused_plainly(serve):
+    """Found by a hostile run: the client took them, and every call then failed with
+    INTERNAL "Invalid metadata", which reads as a server bug."""
+    s = serve()
+    with pytest.raises(HydrantError, match="takes no credentials.*without --token-file"):
+        Client(s.uri, token=("alice", "s3cret"))
+    assert len(Client(s.uri).endpoints("criteo")) == 1
 
 
 def test_a_login_to_no_server_says_it_is_unreachable(serve):
@@ -172,10 +181,14 @@ def test_roles_expiry_and_throttled_logins(serve, tmp_path):
     with pytest.raises(HydrantError, match="(?i)unauthenticated.*expired"):
         trainer.endpoints("criteo")
     assert len(Client(s.uri, token=("trainer", "pw1")).endpoints("criteo")) == 1
-    # Five wrong passwords from one address, and even the right one is refused a while.
-    for _ in range(5):
+    # Five wrong passwords from one address, and even the right one is refused a while;
+    # a login of one's own between them clears nothing (a hostile run guessed without end
+    # so).
+    for k in range(5):
         with pytest.raises(HydrantError, match="wrong user or password"):
             Client(s.uri, token=("trainer", "guess"))
+        if k == 2:
+            Client(s.uri, token=("pusher", "pw2"))
     with pytest.raises(HydrantError, match="(?i)too many failed logins from 127.0.0.1"):
         Client(s.uri, token=("trainer", "pw1"))
 
