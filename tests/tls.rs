@@ -144,3 +144,38 @@ async fn both_ranks_read_over_tls_and_plaintext_or_untrusted_clients_are_refused
         "{err}"
     );
 }
+
+/// Found by a hostile run: a certificate file without a certificate said "peer sent no
+/// certificates", and an encrypted or empty key "no RSA or PKCS8-encoded keys found"
+/// (SEC1 keys are taken too). Each is now named for what it is, in one line.
+#[test]
+fn certificate_and_key_files_that_cannot_serve_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let [_, cert, key] = certificates(dir.path(), "good");
+    let encrypted = dir.path().join("enc.key").to_str().unwrap().to_string();
+    let pass = ["-aes128", "-passout", "pass:pw"];
+    openssl(&[&["pkey", "-in", &key, "-out", &encrypted][..], &pass].concat());
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    let empty = empty.to_str().unwrap();
+    let input = gen_criteo(dir.path(), 100, 1);
+    let toml = criteo_toml();
+    let base = ["serve", "--pipeline", toml.to_str().unwrap()];
+    let input = [
+        "--input",
+        input.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    for (cert, key, needle) in [
+        (empty, &key[..], "holds no PEM certificate"),
+        (&key[..], &key[..], "holds no PEM certificate"),
+        (&cert[..], &encrypted[..], "encrypted with a passphrase"),
+        (&cert[..], empty, "holds no PEM private key"),
+    ] {
+        let tls = ["--tls-cert", cert, "--tls-key", key];
+        let err = hydrant_err(&[&base[..], &input, &tls].concat());
+        assert!(err.contains(needle), "{cert} {key}: {err}");
+        assert!(!err.contains("peer"), "{err}");
+    }
+}

@@ -44,7 +44,50 @@ const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis
 /// [`FlightServer::with_tls`] would take them: for a program that must refuse them before
 /// it does anything else (a cluster's process, before it joins its peers).
 pub fn check_tls(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), String> {
-    tls_config(cert_pem, key_pem).map(drop)
+    check_pem(cert_pem, key_pem)?;
+    tls_config(cert_pem, key_pem).map(drop).map_err(|e| {
+        // rustls speaks of its peer's certificate; here it is the server's own.
+        e.replace(
+            "invalid peer certificate",
+            "the certificate cannot be served",
+        )
+    })
+}
+
+/// What the PEM files hold, said plainly where tonic's words mislead ("peer sent no
+/// certificates" for a certificate file without one; "no RSA or PKCS8-encoded keys" for
+/// an encrypted key, though SEC1 keys are taken too).
+fn check_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), String> {
+    let (cert, key) = (
+        String::from_utf8_lossy(cert_pem),
+        String::from_utf8_lossy(key_pem),
+    );
+    if !cert.contains("-----BEGIN CERTIFICATE-----") {
+        return Err("the certificate file holds no PEM certificate \
+                    (`-----BEGIN CERTIFICATE-----`)"
+            .into());
+    }
+    if key.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----")
+        || key.contains("Proc-Type: 4,ENCRYPTED")
+    {
+        return Err(
+            "the key is encrypted with a passphrase, which is not supported: \
+                    decrypt it first (`openssl pkey -in KEY -out PLAIN`)"
+                .into(),
+        );
+    }
+    let labels = ["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"];
+    if !labels
+        .iter()
+        .any(|l| key.contains(&format!("-----BEGIN {l}-----")))
+    {
+        return Err(
+            "the key file holds no PEM private key (PKCS#8 `PRIVATE KEY`, PKCS#1 \
+                    `RSA PRIVATE KEY` or SEC1 `EC PRIVATE KEY`)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// The server's TLS configuration of a PEM certificate (chain) and key, built once here so
