@@ -307,7 +307,7 @@ impl Auth {
     /// The user whose Basic credentials these are. Every entry is compared, in constant
     /// time, so timing says nothing of which failed.
     fn verify(&self, authorization: Option<&str>) -> Option<usize> {
-        let encoded = authorization?.strip_prefix("Basic ")?;
+        let encoded = scheme(authorization?, "Basic")?;
         let decoded = STANDARD.decode(encoded.trim()).ok()?;
         let (user, pass) = std::str::from_utf8(&decoded).ok()?.split_once(':')?;
         let mut found = None;
@@ -341,7 +341,7 @@ impl Auth {
     /// (any live token, for `None`: calls every user may make).
     pub fn check(&self, authorization: Option<&str>, role: Option<Role>) -> Result<(), Denied> {
         let token = authorization
-            .and_then(|a| a.strip_prefix("Bearer "))
+            .and_then(|a| scheme(a, "Bearer"))
             .map(str::trim)
             .ok_or_else(|| {
                 Denied::Unauthenticated("missing bearer token (handshake first)".into())
@@ -370,6 +370,13 @@ impl Auth {
         }
         Ok(())
     }
+}
+
+/// What follows the scheme `name` in an `authorization` header value: the scheme's case
+/// does not matter (HTTP's rule), and one space ends it.
+fn scheme<'a>(value: &'a str, name: &str) -> Option<&'a str> {
+    let (given, rest) = value.split_once(' ')?;
+    given.eq_ignore_ascii_case(name).then_some(rest)
 }
 
 /// The user holding the most of `tokens`.
@@ -428,6 +435,11 @@ mod tests {
             assert!(auth.handshake(Some(&wrong), None).is_err());
         }
         assert!(auth.handshake(None, None).is_err());
+        // Schemes are case-insensitive, as HTTP's are.
+        let lower = basic("alice:s3cret").replacen("Basic", "basic", 1);
+        let bearer = auth.handshake(Some(&lower), None).unwrap();
+        let upper = bearer.replacen("Bearer", "BEARER", 1);
+        assert!(auth.check(Some(&upper), Some(Role::Train)).is_ok());
     }
 
     #[test]

@@ -110,12 +110,15 @@ fn open(args: &ServeArgs) -> Result<Opened> {
         .listen
         .parse()
         .map_err(|e| Error::Usage(format!("--listen {}: {e}", args.listen)))?;
-    if !addr.ip().is_loopback() && args.token_file.is_none() && !args.insecure_listen_any {
+    if !addr.ip().to_canonical().is_loopback()
+        && args.token_file.is_none()
+        && !args.insecure_listen_any
+    {
         return Err(Error::Usage(format!(
             "--listen {addr} is not loopback: give --token-file, or --insecure-listen-any"
         )));
     }
-    if !addr.ip().is_loopback()
+    if !addr.ip().to_canonical().is_loopback()
         && args.token_file.is_some()
         && args.tls_cert.is_none()
         && !args.insecure_plaintext
@@ -126,7 +129,7 @@ fn open(args: &ServeArgs) -> Result<Opened> {
         )));
     }
     if let Some(m) = args.metrics_listen
-        && !m.ip().is_loopback()
+        && !m.ip().to_canonical().is_loopback()
         && !args.insecure_listen_any
     {
         return Err(Error::Usage(format!(
