@@ -229,9 +229,10 @@ fn a_resumed_run_matches_the_uninterrupted_one() {
 }
 
 /// Shuffled, every row lands where the pure placement function says, whatever the
-/// shuffle window's size against the batches rows are read in (8,192 rows): windows
-/// far smaller (cut into many windows a batch), a multiple of the batch size (strided)
-/// and larger.
+/// shuffle window's size against the batches rows are read in (each file one row group,
+/// read whole: 2,000 or ~1,500 rows): windows far smaller (many windows a read batch), a
+/// multiple of the batch size (strided), one that a read batch runs into (cut there),
+/// and one larger than a rank's share.
 #[test]
 fn shuffled_rows_land_where_the_plan_places_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -239,7 +240,14 @@ fn shuffled_rows_land_where_the_plan_places_them() {
     // The three files are the units, in file order.
     let units = vec![2000u64, 1501, 1502];
     let first_row = [0u64, 2000, 3501];
-    for (b, window) in [(7usize, 3u64), (7, 14), (100, 97), (100, 1400), (64, 9000)] {
+    for (b, window) in [
+        (7usize, 3u64),
+        (7, 14),
+        (100, 97),
+        (100, 1400),
+        (100, 2000),
+        (64, 9000),
+    ] {
         let name = format!("b{b}-k{window}");
         let (bs, ks) = (b.to_string(), window.to_string());
         let args = [

@@ -6,7 +6,7 @@
 //! which calls it may make; a peer address that fails too many logins is refused for a
 //! while.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -99,8 +99,67 @@ struct Issued {
 pub struct Auth {
     users: Vec<User>,
     ttl: Duration,
-    tokens: Mutex<HashMap<String, Issued>>,
+    tokens: Mutex<Tokens>,
     failures: Mutex<Failures>,
+}
+
+/// The tokens handed out: by token, and each user's in the order they were issued, which
+/// is the order they expire in (every token lives the same `ttl`), so that a login keeps
+/// them in bounds without a scan.
+#[derive(Default)]
+struct Tokens {
+    by_token: HashMap<String, Issued>,
+    by_user: HashMap<usize, VecDeque<String>>,
+}
+
+impl Tokens {
+    /// Lets go of `user`'s oldest token.
+    fn drop_oldest(&mut self, user: usize) {
+        if let Some(queue) = self.by_user.get_mut(&user) {
+            if let Some(token) = queue.pop_front() {
+                self.by_token.remove(&token);
+            }
+            if queue.is_empty() {
+                self.by_user.remove(&user);
+            }
+        }
+    }
+
+    /// Lets go of `user`'s tokens that have expired by `now`.
+    fn drop_expired(&mut self, user: usize, now: Instant) {
+        while let Some(oldest) = self.by_user.get(&user).and_then(VecDeque::front)
+            && self.by_token.get(oldest).is_none_or(|t| t.expires <= now)
+        {
+            self.drop_oldest(user);
+        }
+    }
+
+    /// Hands `token` to `user` until `expires`, within [`MAX_USER_TOKENS`] for the user
+    /// (its own oldest goes) and [`MAX_TOKENS`] in all (expired ones go, then the oldest
+    /// of a user holding the most).
+    fn issue(&mut self, token: String, user: usize, expires: Instant, now: Instant) {
+        self.drop_expired(user, now);
+        let held = self.by_user.get(&user).map_or(0, VecDeque::len);
+        if held >= MAX_USER_TOKENS {
+            self.drop_oldest(user);
+        } else if self.by_token.len() >= MAX_TOKENS {
+            let users: Vec<usize> = self.by_user.keys().copied().collect();
+            for u in users {
+                self.drop_expired(u, now);
+            }
+            let most = self.by_user.iter().max_by_key(|(_, q)| q.len());
+            if self.by_token.len() >= MAX_TOKENS
+                && let Some(most) = most.map(|(&u, _)| u)
+            {
+                self.drop_oldest(most);
+            }
+        }
+        self.by_user
+            .entry(user)
+            .or_default()
+            .push_back(token.clone());
+        self.by_token.insert(token, Issued { user, expires });
+    }
 }
 
 /// Failed logins: per peer (an IPv6 peer by its /64, the block one host is given), and,
@@ -122,12 +181,22 @@ impl Default for Failures {
 }
 
 impl Failures {
-    /// `peer`'s count: its own, or the others' when it has none and the table is full.
-    fn of(&mut self, peer: IpAddr) -> &mut (u32, Instant) {
+    /// `peer`'s count, if it has one: its own (`true`), or the others' when it has none
+    /// and the table is full (`false`).
+    fn get(&self, peer: IpAddr) -> Option<((u32, Instant), bool)> {
+        match self.by_peer.get(&peer) {
+            Some(&count) => Some((count, true)),
+            None => (self.by_peer.len() >= MAX_PEERS).then_some((self.others, false)),
+        }
+    }
+
+    /// `peer`'s count, to add a failure to: its own (made if new), or the others' when it
+    /// has none and the table is full. Only failures take a place in the table.
+    fn of(&mut self, peer: IpAddr, now: Instant) -> &mut (u32, Instant) {
         let full = self.by_peer.len() >= MAX_PEERS && !self.by_peer.contains_key(&peer);
         match full {
             true => &mut self.others,
-            false => self.by_peer.entry(peer).or_insert((0, Instant::now())),
+            false => self.by_peer.entry(peer).or_insert((0, now)),
         }
     }
 }
@@ -248,12 +317,13 @@ impl Auth {
     ) -> Result<String, Denied> {
         let now = Instant::now();
         let peer = peer.map(counted_as);
-        if let Some(peer) = peer {
-            let mut failures = lock(&self.failures);
-            let &mut (n, since) = failures.of(peer);
-            if n >= MAX_FAILURES && now.duration_since(since) < FAILURE_WINDOW {
-                let wait = FAILURE_WINDOW - now.duration_since(since);
-                let from = match failures.by_peer.contains_key(&peer) {
+        if let Some(peer) = peer
+            && let Some(((n, since), own)) = lock(&self.failures).get(peer)
+        {
+            let past = now.saturating_duration_since(since);
+            if n >= MAX_FAILURES && past < FAILURE_WINDOW {
+                let wait = FAILURE_WINDOW - past;
+                let from = match own {
                     true => format!("from {peer}"),
                     false => "from too many addresses".into(),
                 };
@@ -275,33 +345,9 @@ impl Auth {
         let token: String = (0..32)
             .map(|_| format!("{:x}", rng.random_range(0..16u8)))
             .collect();
-        let mut tokens = lock(&self.tokens);
-        tokens.retain(|_, t| t.expires > now);
-        let held = tokens.values().filter(|t| t.user == user).count();
-        let evict = if held >= MAX_USER_TOKENS {
-            Some(user)
-        } else if tokens.len() >= MAX_TOKENS {
-            most_tokens(&tokens)
-        } else {
-            None
-        };
-        if let Some(owner) = evict
-            && let Some(oldest) = tokens
-                .iter()
-                .filter(|(_, t)| t.user == owner)
-                .min_by_key(|(_, t)| t.expires)
-                .map(|(k, _)| k.clone())
-        {
-            tokens.remove(&oldest);
-        }
-        tokens.insert(
-            token.clone(),
-            Issued {
-                user,
-                expires: now + self.ttl,
-            },
-        );
-        Ok(format!("Bearer {token}"))
+        let bearer = format!("Bearer {token}");
+        lock(&self.tokens).issue(token, user, now + self.ttl, now);
+        Ok(bearer)
     }
 
     /// The user whose Basic credentials these are. Every entry is compared, in constant
@@ -325,10 +371,10 @@ impl Auth {
         let mut failures = lock(&self.failures);
         if failures.by_peer.len() >= MAX_PEERS {
             let by_peer = &mut failures.by_peer;
-            by_peer.retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
+            by_peer.retain(|_, (_, since)| now.saturating_duration_since(*since) < FAILURE_WINDOW);
         }
-        let entry = failures.of(peer);
-        if now.duration_since(entry.1) >= FAILURE_WINDOW {
+        let entry = failures.of(peer, now);
+        if now.saturating_duration_since(entry.1) >= FAILURE_WINDOW {
             *entry = (0, now);
         }
         entry.0 += 1;
@@ -349,10 +395,11 @@ impl Auth {
         let tokens = lock(&self.tokens);
         // A map lookup, not a constant-time comparison: the token is 128 random bits and
         // the lookup hashes it first, so timing reveals nothing usable about other tokens.
-        let issued = tokens.get(token).ok_or_else(|| {
+        let issued = tokens.by_token.get(token).ok_or_else(|| {
             Denied::Unauthenticated(format!(
                 "unknown bearer token (handshake again: a token ends when the server \
-                 restarts, and when its user logs in {MAX_USER_TOKENS} times more)"
+                 restarts, when its user logs in {MAX_USER_TOKENS} times after it, and \
+                 when the server holds {MAX_TOKENS} tokens)"
             ))
         })?;
         if issued.expires <= Instant::now() {
@@ -377,17 +424,6 @@ impl Auth {
 fn scheme<'a>(value: &'a str, name: &str) -> Option<&'a str> {
     let (given, rest) = value.split_once(' ')?;
     given.eq_ignore_ascii_case(name).then_some(rest)
-}
-
-/// The user holding the most of `tokens`.
-fn most_tokens(tokens: &HashMap<String, Issued>) -> Option<usize> {
-    let mut held: HashMap<usize, usize> = HashMap::new();
-    for t in tokens.values() {
-        *held.entry(t.user).or_default() += 1;
-    }
-    held.into_iter()
-        .max_by_key(|&(_, n)| n)
-        .map(|(user, _)| user)
 }
 
 /// The roles of a comma-separated list. What is not a role is not quoted: it may be the
@@ -527,8 +563,36 @@ mod tests {
         assert!(auth.check(Some(&alice), Some(Role::Train)).is_ok());
         let e = auth.check(Some(&first), None).unwrap_err();
         assert!(e.to_string().contains("unknown bearer token"), "{e}");
-        let held = lock(&auth.tokens).len();
+        let held = lock(&auth.tokens).by_token.len();
         assert_eq!(held, MAX_USER_TOKENS + 1, "mallory's and alice's");
+    }
+
+    /// Past [`MAX_TOKENS`] in all, a login lets go of one token of a user holding the
+    /// most, its oldest, and of no one else's.
+    #[test]
+    fn past_the_servers_tokens_a_user_holding_the_most_lets_go_of_its_oldest() {
+        let users = MAX_TOKENS / MAX_USER_TOKENS;
+        let names: Vec<String> = (0..=users).map(|u| format!("u{u}")).collect();
+        let auth = Auth::new(names.iter().map(|n| (n.clone(), "p".into())).collect());
+        let login = |u: usize| {
+            let basic = basic(&format!("{}:p", names[u]));
+            auth.handshake(Some(&basic), None).unwrap()
+        };
+        let firsts: Vec<String> = (1..=users).map(login).collect();
+        for u in 1..=users {
+            for _ in 1..MAX_USER_TOKENS {
+                login(u);
+            }
+        }
+        assert_eq!(lock(&auth.tokens).by_token.len(), MAX_TOKENS);
+        let alice = login(0);
+        assert!(auth.check(Some(&alice), None).is_ok());
+        assert_eq!(lock(&auth.tokens).by_token.len(), MAX_TOKENS);
+        let lost = firsts
+            .iter()
+            .filter(|t| auth.check(Some(t), None).is_err())
+            .count();
+        assert_eq!(lost, 1, "one user's oldest token went, no one else's");
     }
 
     /// Found by a hostile run: once 4,096 addresses had failed, failures from any other
@@ -570,6 +634,28 @@ mod tests {
         assert!(
             auth.handshake(Some(&basic("root:hunter2")), other_64)
                 .is_ok()
+        );
+
+        // Logins that succeed take no place in the table: past as many of them, a new
+        // address's failures are still its own.
+        let auth = Auth::new(vec![("root".into(), "hunter2".into())]);
+        for k in 0..MAX_PEERS as u32 {
+            let peer = IpAddr::V4(std::net::Ipv4Addr::from_bits(0x0a00_0000 + k));
+            assert!(
+                auth.handshake(Some(&basic("root:hunter2")), Some(peer))
+                    .is_ok()
+            );
+        }
+        for _ in 0..MAX_FAILURES {
+            assert!(
+                auth.handshake(Some(&basic("root:guess")), fresh(1))
+                    .is_err()
+            );
+        }
+        let e = auth.handshake(Some(&basic("root:hunter2")), fresh(1));
+        assert!(
+            matches!(&e, Err(Denied::Throttled(m)) if m.contains("from 11.0.0.1")),
+            "{e:?}"
         );
     }
 

@@ -262,12 +262,16 @@ def test_a_server_stopped_while_a_followed_file_waits_for_trainers_says_nothing_
     folder.mkdir()
     server = Server("--pipeline", toml, "--state", state, "--follow", folder,
                     "--state-dir", tmp_path / "sd", "--ranks", "1", "--batch-size", "100")
-    client = Client(server.uri)
-    for k in range(3):
-        publish(table(50_000, 50_000 * k, 0).drop(["ts"]), folder, f"{k}.parquet")
-    pushed = lambda: client.status()["pipelines"][0]["pushed"]  # noqa: E731
-    wait_for(lambda: pushed()["rows_in"] > 0, "rows to be admitted")
-    time.sleep(0.5)
-    assert pushed()["rows_in"] < 150_000, "nothing was held back: the test needs a full queue"
+    try:
+        client = Client(server.uri)
+        for k in range(3):
+            publish(table(50_000, 50_000 * k, 0).drop(["ts"]), folder, f"{k}.parquet")
+        pushed = lambda: client.status()["pipelines"][0]["pushed"]  # noqa: E731
+        wait_for(lambda: pushed()["rows_in"] > 0, "rows to be admitted")
+        time.sleep(0.5)
+        assert pushed()["rows_in"] < 150_000, "nothing was held back: the test needs a full queue"
+    except BaseException:
+        server.stop()
+        raise
     assert server.lines_logged("hydrant:") == ["hydrant: shutting down"]
     assert server.proc.returncode == 0

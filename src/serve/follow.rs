@@ -269,19 +269,20 @@ impl Follower {
     }
 
     /// Stops following for good: the input fails with `why`, told in the log; unless the
-    /// server is shutting down, which is why an admission fails then.
+    /// server is shutting down (or its pipeline is gone already), which is why an
+    /// admission fails then.
     fn stop(&self, why: String) {
-        let pushed = self.pushed.upgrade();
-        if pushed.is_some_and(|p| p.counts.closing.load(Ordering::SeqCst)) {
+        let Some(pushed) = self.pushed.upgrade() else {
+            return;
+        };
+        if pushed.counts.closing.load(Ordering::SeqCst) {
             return;
         }
         hydrant_operators::log_line!(
             "hydrant: following {} stopped: {why}",
             self.read.dir.display()
         );
-        if let Some(p) = self.pushed.upgrade() {
-            p.fail(why);
-        }
+        pushed.fail(why);
     }
 
     /// Eligible files not seen yet: in name order, or as a Spark file sink's log commits

@@ -168,7 +168,11 @@ impl Manifest {
         let Err(e) = written else {
             return Ok(());
         };
-        let reason = format!("cannot record an admission: {e}");
+        let what = match line {
+            Line::Ended { .. } => "the input's end",
+            Line::Begin { .. } | Line::End { .. } => "an admission",
+        };
+        let reason = format!("cannot record {what}: {e}");
         let undone = before.and_then(|len| {
             self.file.set_len(len)?;
             self.file.seek(SeekFrom::Start(len)).map(drop)
