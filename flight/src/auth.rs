@@ -67,7 +67,7 @@ pub enum Denied {
 
 /// Tokens one user holds at most: past it, a login lets go of that user's oldest token,
 /// so that no user can push another's tokens out by logging in over and over.
-pub const MAX_USER_TOKENS: usize = 4096;
+const MAX_USER_TOKENS: usize = 4096;
 /// Tokens alive at most, whoever holds them: past it, a login lets go of the oldest token
 /// of the user that holds the most.
 const MAX_TOKENS: usize = 16 * MAX_USER_TOKENS;
@@ -595,19 +595,24 @@ mod tests {
         assert_eq!(lost, 1, "one user's oldest token went, no one else's");
     }
 
+    /// Logs in as `user_pass` once from each of [`MAX_PEERS`] IPv4 addresses; whether
+    /// each was let in.
+    fn from_every_peer(auth: &Auth, user_pass: &str) -> Vec<bool> {
+        (0..MAX_PEERS as u32)
+            .map(|k| {
+                let peer = IpAddr::V4(std::net::Ipv4Addr::from_bits(0x0a00_0000 + k));
+                auth.handshake(Some(&basic(user_pass)), Some(peer)).is_ok()
+            })
+            .collect()
+    }
+
     /// Found by a hostile run: once 4,096 addresses had failed, failures from any other
     /// were not counted at all. They are now counted together; and an IPv6 peer's failures
     /// count for its /64.
     #[test]
     fn failures_from_more_addresses_than_are_remembered_are_still_counted() {
         let auth = Auth::new(vec![("root".into(), "hunter2".into())]);
-        for k in 0..MAX_PEERS as u32 {
-            let peer = IpAddr::V4(std::net::Ipv4Addr::from_bits(0x0a00_0000 + k));
-            assert!(
-                auth.handshake(Some(&basic("root:guess")), Some(peer))
-                    .is_err()
-            );
-        }
+        assert!(from_every_peer(&auth, "root:guess").iter().all(|ok| !ok));
         let fresh = |k: u32| Some(IpAddr::V4(std::net::Ipv4Addr::from_bits(0x0b00_0000 + k)));
         for k in 0..MAX_FAILURES {
             let e = auth.handshake(Some(&basic("root:guess")), fresh(k));
@@ -639,13 +644,7 @@ mod tests {
         // Logins that succeed take no place in the table: past as many of them, a new
         // address's failures are still its own.
         let auth = Auth::new(vec![("root".into(), "hunter2".into())]);
-        for k in 0..MAX_PEERS as u32 {
-            let peer = IpAddr::V4(std::net::Ipv4Addr::from_bits(0x0a00_0000 + k));
-            assert!(
-                auth.handshake(Some(&basic("root:hunter2")), Some(peer))
-                    .is_ok()
-            );
-        }
+        assert!(from_every_peer(&auth, "root:hunter2").iter().all(|&ok| ok));
         for _ in 0..MAX_FAILURES {
             assert!(
                 auth.handshake(Some(&basic("root:guess")), fresh(1))

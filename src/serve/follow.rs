@@ -192,11 +192,7 @@ fn full(e: &Error) -> Option<String> {
     let Error::StateFull { path, reason } = e else {
         return None;
     };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    Some(format!("--state-dir/{name}: {reason}"))
+    Some(format!("{}: {reason}", super::spool::in_state_dir(path)))
 }
 
 impl Follower {

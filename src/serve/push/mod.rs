@@ -506,8 +506,7 @@ fn spool_error(e: crate::Error) -> ServeError {
 fn state_told(e: &crate::Error) -> String {
     match e {
         crate::Error::State { path, reason } | crate::Error::StateFull { path, reason } => {
-            let name = path.file_name().unwrap_or_default().to_string_lossy();
-            format!("state --state-dir/{name}: {reason}")
+            format!("state {}: {reason}", super::spool::in_state_dir(path))
         }
         e => e.to_string(),
     }

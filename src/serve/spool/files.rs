@@ -22,6 +22,13 @@ struct Head {
     newest: u64,
 }
 
+/// A file of the state directory as clients and `status` are told it: by its name there,
+/// not by the server's path.
+pub(in crate::serve) fn in_state_dir(path: &Path) -> String {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    format!("--state-dir/{name}")
+}
+
 pub(in crate::serve) fn state_error(path: &Path, e: &dyn std::fmt::Display) -> Error {
     Error::State {
         path: path.to_path_buf(),

@@ -35,7 +35,9 @@ pub use claim::{Claim, Source, Stream, claim};
 
 mod files;
 pub use files::read_commit;
-pub(in crate::serve) use files::{HEAD_FILE, is_full, state_error, sync_dir, write_synced};
+pub(in crate::serve) use files::{
+    HEAD_FILE, in_state_dir, is_full, state_error, sync_dir, write_synced,
+};
 use files::{
     append_failed, list_segments, read_head, read_json, segment_path, trim, write_error, write_head,
 };
