@@ -75,6 +75,65 @@ fn certificates(dir: &Path, name: &str) -> [String; 3] {
     [ca, cert, key]
 }
 
+/// A self-signed certificate for localhost valid from `start` to `end` (`YYYYMMDDHHMMSSZ`),
+/// signed with `openssl ca`, which (unlike `req -x509` in OpenSSL 3.0) takes both dates:
+/// (cert, key) files.
+fn dated_certificate(dir: &Path, start: &str, end: &str) -> [String; 2] {
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let [config, db, serial, csr, cert, key] = [
+        "ca.cnf",
+        "index.txt",
+        "serial",
+        "csr",
+        "cert.pem",
+        "key.pem",
+    ]
+    .map(p);
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndefault_ca = d\n[d]\ndatabase = {db}\nnew_certs_dir = {}\n\
+             serial = {serial}\ndefault_md = sha256\npolicy = p\nx509_extensions = x\n\
+             [p]\ncommonName = supplied\n\
+             [x]\nsubjectAltName = IP:127.0.0.1\nbasicConstraints = CA:FALSE\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(&db, "").unwrap();
+    std::fs::write(&serial, "01\n").unwrap();
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+    ]);
+    openssl(&[
+        "ca",
+        "-batch",
+        "-config",
+        &config,
+        "-selfsign",
+        "-keyfile",
+        &key,
+        "-in",
+        &csr,
+        "-out",
+        &cert,
+        "-startdate",
+        start,
+        "-enddate",
+        end,
+    ]);
+    [cert, key]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_ranks_read_over_tls_and_plaintext_or_untrusted_clients_are_refused() {
     const ROWS: u64 = 20_000;
@@ -177,5 +236,43 @@ fn certificate_and_key_files_that_cannot_serve_say_why() {
         let err = hydrant_err(&[&base[..], &input, &tls].concat());
         assert!(err.contains(needle), "{cert} {key}: {err}");
         assert!(!err.contains("peer"), "{err}");
+    }
+}
+
+/// An expired certificate used to be served without a word (every client then refused
+/// it), and so would one not valid yet. Each is refused at start-up with its date.
+#[test]
+fn a_certificate_out_of_its_dates_is_refused_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = gen_criteo(dir.path(), 100, 1);
+    let toml = criteo_toml();
+    for (start, end, needle) in [
+        (
+            "20200101000000Z",
+            "20210101000000Z",
+            "the certificate expired on 2021-01-01",
+        ),
+        (
+            "20990101000000Z",
+            "21000101000000Z",
+            "is not valid until 2099-01-01",
+        ),
+    ] {
+        let sub = tempfile::tempdir_in(dir.path()).unwrap();
+        let [cert, key] = dated_certificate(sub.path(), start, end);
+        let err = hydrant_err(&[
+            "serve",
+            "--pipeline",
+            toml.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ]);
+        assert!(err.contains(needle), "{start}..{end}: {err}");
     }
 }

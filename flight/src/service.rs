@@ -45,13 +45,54 @@ const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis
 /// it does anything else (a cluster's process, before it joins its peers).
 pub fn check_tls(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), String> {
     check_pem(cert_pem, key_pem)?;
-    tls_config(cert_pem, key_pem).map(drop).map_err(|e| {
+    tls_config(cert_pem, key_pem).map_err(|e| {
         // rustls speaks of its peer's certificate; here it is the server's own.
         e.replace(
             "invalid peer certificate",
             "the certificate cannot be served",
         )
-    })
+    })?;
+    check_dates(cert_pem, unix_now())
+}
+
+/// The time since the Unix epoch (zero for a clock set before it).
+fn unix_now() -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// Whether every certificate of the chain is valid at `now` (since the Unix epoch): rustls
+/// serves an expired certificate without a word, and every client then refuses it.
+fn check_dates(cert_pem: &[u8], now: std::time::Duration) -> Result<(), String> {
+    use rustls_pki_types::{CertificateDer, pem::PemObject};
+    use x509_cert::der::Decode;
+    let chain = CertificateDer::pem_slice_iter(cert_pem).filter_map(Result::ok);
+    for (i, der) in chain.enumerate() {
+        // What does not parse here was refused by rustls already.
+        let Ok(cert) = x509_cert::Certificate::from_der(&der) else {
+            continue;
+        };
+        let tbs = cert.tbs_certificate();
+        let which = match i {
+            0 => "the certificate".to_string(),
+            _ => format!("certificate {} of the chain ({})", i + 1, tbs.subject()),
+        };
+        let validity = tbs.validity();
+        if validity.not_after.to_unix_duration() < now {
+            return Err(format!(
+                "{which} expired on {}: renew it",
+                validity.not_after
+            ));
+        }
+        if validity.not_before.to_unix_duration() > now {
+            return Err(format!(
+                "{which} is not valid until {} (is this machine's clock right?)",
+                validity.not_before
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What the PEM files hold, said plainly where tonic's words mislead ("peer sent no
@@ -153,6 +194,7 @@ impl FlightServer {
     /// saying why, if they cannot be used.
     pub fn with_tls(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, String> {
         self.tls = Some(tls_config(cert_pem, key_pem)?);
+        check_dates(cert_pem, unix_now())?;
         Ok(self)
     }
 
