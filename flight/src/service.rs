@@ -384,6 +384,18 @@ fn origin(producer: Option<&str>, metadata: &[u8]) -> Result<Option<Origin>, Sta
             hydrant_operators::quoted(producer)
         ))
     })?;
+    // A producer's numbers only rise, so one that reached u64::MAX (a -1 cast, say) could
+    // never push again under its name: numbers past i64::MAX (beyond any counter or
+    // nanosecond clock, and the most a signed-integer client can send) are refused.
+    if seq.seq > i64::MAX as u64 {
+        return Err(Status::invalid_argument(format!(
+            "producer `{}`: seq {} is past {}: number batches upward from a counter or a \
+             clock, not from the top",
+            hydrant_operators::quoted(producer),
+            seq.seq,
+            i64::MAX
+        )));
+    }
     Ok(Some(Origin {
         producer: producer.to_string(),
         seq: seq.seq,
@@ -659,10 +671,9 @@ impl FlightService for FlightServer {
             "commit" => {
                 self.check_token(token, Some(Role::Train))?;
                 let req: CommitRequest =
-                    serde_json::from_slice(&request.get_ref().body).map_err(|e| {
+                    crate::json::from_json(&request.get_ref().body).map_err(|e| {
                         Status::invalid_argument(format!(
-                            "commit: body must be JSON {{\"pipeline\": NAME, \"step\": N}}: {}",
-                            hydrant_operators::quoted(&e.to_string())
+                            "commit: body must be JSON {{\"pipeline\": NAME, \"step\": N}}: {e}"
                         ))
                     })?;
                 let p = self.pipeline(&req.pipeline)?.clone();
@@ -681,10 +692,9 @@ impl FlightService for FlightServer {
             "state" => {
                 self.check_token(token, Some(Role::Train))?;
                 let req: StateRequest =
-                    serde_json::from_slice(&request.get_ref().body).map_err(|e| {
+                    crate::json::from_json(&request.get_ref().body).map_err(|e| {
                         Status::invalid_argument(format!(
-                            "state: body must be JSON {{\"pipeline\": NAME, \"version\": V}}: {}",
-                            hydrant_operators::quoted(&e.to_string())
+                            "state: body must be JSON {{\"pipeline\": NAME, \"version\": V}}: {e}"
                         ))
                     })?;
                 let p = self.pipeline(&req.pipeline)?.clone();

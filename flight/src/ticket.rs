@@ -36,8 +36,7 @@ impl Ticket {
                 "not a JSON object (`{\"pipeline\": ..., \"rank\": ..., ...}`)".into(),
             ));
         }
-        let t: Ticket = serde_json::from_str(text)
-            .map_err(|e| TicketError(hydrant_operators::quoted(&e.to_string())))?;
+        let t: Ticket = crate::json::from_json(text.as_bytes()).map_err(TicketError)?;
         if t.world_size == 0 {
             return Err(TicketError("`world_size` must be at least 1".into()));
         }
@@ -84,7 +83,11 @@ mod tests {
                 "colour",
             ),
             (br#"{"pipeline":"p","rank":0}"#, "world_size"),
-            (br#"{"pipeline":"p","rank":-1,"world_size":1}"#, "-1"),
+            (br#"{"pipeline":"p","rank":-1,"world_size":1}"#, "`rank`: "),
+            (
+                br#"{"pipeline":"p","rank":0,"world_size":1,"start_step":18446744073709551616}"#,
+                "`start_step`: ",
+            ),
             (br#"{"pipeline":"p","rank":0,"world_size":0}"#, "world_size"),
             (br#"{"pipeline":"p","rank":3,"world_size":2}"#, "rank"),
         ] {

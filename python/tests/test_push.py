@@ -354,6 +354,24 @@ def test_a_producer_without_a_seq_is_invalid(pushed):
         writer.close()
 
 
+def test_a_seq_from_the_top_is_refused_and_leaves_the_producer_usable(pushed):
+    # A seq of 2^64 - 1 (a -1 cast, say) used to be admitted, and every later batch of
+    # that producer was then a "duplicate": the name could never push again.
+    server, table = pushed
+    client = Client(server.uri)
+    got, readers = start_readers(client)
+    batch = table.slice(0, 100).to_batches()
+    with pytest.raises(PushError, match="INVALID_ARGUMENT.*seq 18446744073709551615 is past"):
+        client.push("criteo_hash", batch, producer="p", first_seq=2**64 - 1)
+    acks = client.push("criteo_hash", batch, producer="p", first_seq=0)
+    assert [a.get("duplicate") for a in acks] == [None]
+    client.end_ingest("criteo_hash")
+    for t in readers:
+        t.join(timeout=60)
+    ids = sorted(i for r in got.values() for b in r for i in b.row_id[~b.mask].tolist())
+    assert ids == list(range(100))
+
+
 def test_commit_reports_what_it_kept_and_refuses_what_it_cannot(tmp_path, data, serve):
     state_dir = tmp_path / "state-dir"
     s = pushed_server(tmp_path, data, "--ranks", "2", "--batch-size", "1000",
