@@ -190,15 +190,36 @@ impl Failures {
         }
     }
 
-    /// `peer`'s count, to add a failure to: its own (made if new), or the others' when it
-    /// has none and the table is full. Only failures take a place in the table.
-    fn of(&mut self, peer: IpAddr, now: Instant) -> &mut (u32, Instant) {
-        let full = self.by_peer.len() >= MAX_PEERS && !self.by_peer.contains_key(&peer);
-        match full {
-            true => &mut self.others,
-            false => self.by_peer.entry(peer).or_insert((0, now)),
+    /// The count `counted` names (a peer's own is made if new).
+    fn of(&mut self, counted: Counted) -> &mut (u32, Instant) {
+        match counted {
+            Counted::Others => &mut self.others,
+            Counted::Own(peer) => self.by_peer.entry(peer).or_insert((0, Instant::now())),
         }
     }
+
+    /// Takes back a login counted as failed that succeeded: a peer whose count falls to
+    /// zero gives up its place, so only failures keep one.
+    fn take_back(&mut self, counted: Counted) {
+        match counted {
+            Counted::Others => self.others.0 = self.others.0.saturating_sub(1),
+            Counted::Own(peer) => {
+                if let Some((n, _)) = self.by_peer.get_mut(&peer) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        self.by_peer.remove(&peer);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where a login was counted: a peer's own count, or the others' (see [`Failures`]).
+#[derive(Clone, Copy)]
+enum Counted {
+    Own(IpAddr),
+    Others,
 }
 
 /// The address failures are counted by: an IPv4 address (one mapped into IPv6 too), or
@@ -316,29 +337,16 @@ impl Auth {
         peer: Option<IpAddr>,
     ) -> Result<String, Denied> {
         let now = Instant::now();
-        let peer = peer.map(counted_as);
-        if let Some(peer) = peer
-            && let Some(((n, since), own)) = lock(&self.failures).get(peer)
-        {
-            let past = now.saturating_duration_since(since);
-            if n >= MAX_FAILURES && past < FAILURE_WINDOW {
-                let wait = FAILURE_WINDOW - past;
-                let from = match own {
-                    true => format!("from {peer}"),
-                    false => "from too many addresses".into(),
-                };
-                return Err(Denied::Throttled(format!(
-                    "too many failed logins {from}; retry in {} s",
-                    wait.as_secs() + 1
-                )));
-            }
-        }
+        let counted = match peer {
+            Some(peer) => Some(self.attempt(counted_as(peer), now)?),
+            None => None,
+        };
         let Some(user) = self.verify(authorization) else {
-            if let Some(peer) = peer {
-                self.failed(peer, now);
-            }
             return Err(Denied::Unauthenticated("wrong user or password".into()));
         };
+        if let Some(counted) = counted {
+            lock(&self.failures).take_back(counted);
+        }
         // A login does not clear its address's failures: they may have been guesses at
         // another user's password, made between logins of one's own.
         let mut rng = rand::rng();
@@ -367,13 +375,35 @@ impl Auth {
         found
     }
 
-    fn failed(&self, peer: IpAddr, now: Instant) {
+    /// Refuses `peer` if it failed too often; otherwise counts this login as failed until
+    /// it succeeds, under the lock the check took, so that logins sent together cannot
+    /// each pass the check before any of them is counted.
+    fn attempt(&self, peer: IpAddr, now: Instant) -> Result<Counted, Denied> {
         let mut failures = lock(&self.failures);
+        if let Some(((n, since), own)) = failures.get(peer) {
+            let past = now.saturating_duration_since(since);
+            if n >= MAX_FAILURES && past < FAILURE_WINDOW {
+                let wait = FAILURE_WINDOW - past;
+                let from = match own {
+                    true => format!("from {peer}"),
+                    false => "from too many addresses".into(),
+                };
+                return Err(Denied::Throttled(format!(
+                    "too many failed logins {from}; retry in {} s",
+                    wait.as_secs() + 1
+                )));
+            }
+        }
         if failures.by_peer.len() >= MAX_PEERS {
             let by_peer = &mut failures.by_peer;
             by_peer.retain(|_, (_, since)| now.saturating_duration_since(*since) < FAILURE_WINDOW);
         }
-        let entry = failures.of(peer, now);
+        let counted =
+            match failures.by_peer.len() >= MAX_PEERS && !failures.by_peer.contains_key(&peer) {
+                true => Counted::Others,
+                false => Counted::Own(peer),
+            };
+        let entry = failures.of(counted);
         if now.saturating_duration_since(entry.1) >= FAILURE_WINDOW {
             *entry = (0, now);
         }
@@ -381,6 +411,7 @@ impl Auth {
         if entry.0 == MAX_FAILURES {
             entry.1 = now; // refused for a whole window from the last failure
         }
+        Ok(counted)
     }
 
     /// Whether a call's `authorization` header carries a live token whose user has `role`
@@ -545,6 +576,40 @@ mod tests {
         }
         let e = auth.handshake(Some(&basic("root:hunter2")), peer);
         assert!(matches!(e, Err(Denied::Throttled(_))), "{e:?}");
+    }
+
+    /// Guesses sent together could each pass the throttle's check before any of them was
+    /// counted as failed (the check and the count took the lock apart). Now at most
+    /// [`MAX_FAILURES`] of them are answered.
+    #[test]
+    fn guesses_sent_together_are_throttled_as_if_one_after_another() {
+        // Many users make each check of a password long enough for the guesses to overlap.
+        let users = (0..20_000).map(|i| (format!("u{i}"), "pw".to_string()));
+        let auth = Auth::new(users.collect());
+        let peer = Some("10.0.0.1".parse().unwrap());
+        let start = std::sync::Barrier::new(16);
+        let answered = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                s.spawn(|| {
+                    start.wait();
+                    for _ in 0..4 {
+                        let e = auth.handshake(Some(&basic("u1:guess")), peer);
+                        if matches!(e, Err(Denied::Unauthenticated(_))) {
+                            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(answered.into_inner(), MAX_FAILURES);
+        // And logins that succeed take back what they were counted: a peer's good logins
+        // never throttle it.
+        let good: IpAddr = "10.0.0.2".parse().unwrap();
+        for _ in 0..3 * MAX_FAILURES {
+            assert!(auth.handshake(Some(&basic("u2:pw")), Some(good)).is_ok());
+        }
+        assert!(lock(&auth.failures).get(good).is_none());
     }
 
     /// Found by a hostile run: one user logging in 4,096 times pushed every other user's
