@@ -644,3 +644,65 @@ async fn stop_while_reading(dir: &Path, io: &(PathBuf, PathBuf)) {
         assert!(!stderr.contains("error"), "process {p}: {stderr}");
     }
 }
+
+/// Found by a hostile run: a process waiting for its cluster held its Flight port bound but
+/// answered nothing, so a trainer that connected early waited 20 s for gRPC's connect
+/// timeout and was told of a network fault. It is now told at once, UNAVAILABLE, that the
+/// server is starting, and served once the cluster has joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_waiting_for_its_cluster_says_it_is_starting() {
+    use arrow_flight::FlightDescriptor;
+    let dir = tempfile::tempdir().unwrap();
+    let io = folder_with_state(dir.path(), &[300], 3);
+    let hosts = dir.path().join("hosts.txt");
+    let lines = format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port());
+    std::fs::write(&hosts, lines).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let start = |p: usize, listen: &str| {
+        let mut args = serve_args(&io, &["--ranks", "2"]);
+        args[2] = listen.to_string();
+        let hosts = hosts.to_str().unwrap();
+        let cluster = [
+            "--processes",
+            "2",
+            "--process",
+            &p.to_string(),
+            "--hostfile",
+            hosts,
+        ];
+        std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+            .args(args)
+            .args(cluster)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map(Server)
+            .unwrap()
+    };
+    let mut first = start(0, &listen);
+    let info = |uri: String| async move {
+        let mut client = pushed::flight_client(&uri).await;
+        let asked = client.get_flight_info(FlightDescriptor::new_path(vec!["criteo".into()]));
+        tokio::time::timeout(Duration::from_secs(15), asked).await
+    };
+    let uri = format!("http://{listen}");
+    let until = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&listen).is_err() {
+        assert!(Instant::now() < until, "process 0 never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let early = info(uri.clone()).await.expect("an answer, not a wait");
+    let status = early.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("is starting"), "{status:?}");
+    let mut second = start(1, "127.0.0.1:0");
+    for s in [&mut first, &mut second] {
+        let mut line = String::new();
+        BufReader::new(s.0.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("listening"), "{line:?}");
+    }
+    let served = info(uri).await.expect("an answer").expect("GetFlightInfo");
+    assert_eq!(served.into_inner().endpoint.len(), 2);
+}

@@ -42,5 +42,5 @@ pub use check::{
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use encode::batch_bytes;
 pub use served::{Accepted, BatchMeta, Origin, RankStream, ServeError, Served};
-pub use service::{ACCEPT_PAUSE, COMMIT_WAIT, FlightServer, check_tls};
+pub use service::{ACCEPT_PAUSE, COMMIT_WAIT, FlightServer, Ready, check_tls};
 pub use ticket::{Ticket, TicketError};

@@ -166,9 +166,26 @@ pub const STATE_CHUNK_BYTES: usize = 1 << 20;
 /// grpc-go), with room for the IPC header and the metadata.
 pub const MESSAGE_TARGET_BYTES: usize = (4 << 20) - (256 << 10);
 
+/// What every call but the handshake is told before a server's pipelines are given
+/// ([`FlightServer::starting`]).
+const STARTING: &str = "the server is starting (fitting its state, or waiting for the other \
+                        processes of its cluster to join): retry shortly";
+
+/// The pipelines a server started with [`FlightServer::starting`] serves, given once they
+/// are ready.
+#[derive(Clone, Default)]
+pub struct Ready(Arc<std::sync::OnceLock<Vec<Arc<dyn Served>>>>);
+
+impl Ready {
+    /// Serves `pipelines` from now on (a second call is ignored).
+    pub fn serve(&self, pipelines: Vec<Arc<dyn Served>>) {
+        let _ = self.0.set(pipelines);
+    }
+}
+
 /// The Flight service.
 pub struct FlightServer {
-    pipelines: Vec<Arc<dyn Served>>,
+    pipelines: Ready,
     auth: Option<Auth>,
     max_message_bytes: usize,
     tls: Option<ServerTlsConfig>,
@@ -182,12 +199,33 @@ impl FlightServer {
         auth: Option<Auth>,
         max_message_bytes: usize,
     ) -> Self {
-        FlightServer {
-            pipelines,
+        let (server, ready) = FlightServer::starting(auth, max_message_bytes);
+        ready.serve(pipelines);
+        server
+    }
+
+    /// A server whose pipelines are given later, through the [`Ready`] returned with it:
+    /// it can listen while they are prepared (a state fitted, a cluster joined), answering
+    /// handshakes, and every other call UNAVAILABLE with the reason, rather than leave
+    /// clients waiting on a port no one answers.
+    pub fn starting(auth: Option<Auth>, max_message_bytes: usize) -> (Self, Ready) {
+        let ready = Ready::default();
+        let server = FlightServer {
+            pipelines: ready.clone(),
             auth,
             max_message_bytes,
             tls: None,
-        }
+        };
+        (server, ready)
+    }
+
+    /// The pipelines served, once they are given.
+    fn pipelines(&self) -> Result<&[Arc<dyn Served>], Status> {
+        self.pipelines
+            .0
+            .get()
+            .map(Vec::as_slice)
+            .ok_or_else(|| Status::unavailable(STARTING))
     }
 
     /// Serves over TLS (rustls) with this PEM certificate chain and private key; errs,
@@ -279,7 +317,7 @@ impl FlightServer {
     }
 
     fn pipeline(&self, name: &str) -> Result<&Arc<dyn Served>, Status> {
-        self.pipelines
+        self.pipelines()?
             .iter()
             .find(|p| p.name() == name)
             .ok_or_else(|| {
@@ -472,7 +510,7 @@ impl FlightService for FlightServer {
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         self.check(&request, Role::Train)?;
-        let infos: Vec<_> = self.pipelines.iter().map(|p| self.info(p)).collect();
+        let infos: Vec<_> = self.pipelines()?.iter().map(|p| self.info(p)).collect();
         Ok(Response::new(Box::pin(stream::iter(infos))))
     }
 
@@ -652,7 +690,7 @@ impl FlightService for FlightServer {
             "status" => {
                 self.check_token(token, Some(Role::Admin))?;
                 let status = serde_json::json!({
-                    "pipelines": self.pipelines.iter().map(|p| p.status()).collect::<Vec<_>>(),
+                    "pipelines": self.pipelines()?.iter().map(|p| p.status()).collect::<Vec<_>>(),
                 });
                 let body =
                     arrow_flight::Result::new(serde_json::to_vec(&status).unwrap_or_default());

@@ -230,6 +230,27 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
                 "cannot start the server runtime: {e}"
             )))
         })?;
+    // Listening from now on: until the pipeline is ready (a state fitted, a cluster
+    // joined) handshakes are answered and every other call is UNAVAILABLE, saying why,
+    // rather than left waiting on a port no one answers.
+    hydrant_flight::quiet_decoder_panics();
+    let (mut server, ready) = hydrant_flight::FlightServer::starting(auth, args.max_message_bytes);
+    if let Some((cert, key)) = &tls {
+        server = server
+            .with_tls(cert, key)
+            .map_err(|e| told(Error::Usage(format!("--tls-cert/--tls-key: {e}"))))?;
+    }
+    // Told to close by the task that watches for a signal or a failed cluster; closed
+    // too if this function returns early (its sender dropped).
+    let (close_tx, mut close) = tokio::sync::watch::channel(false);
+    let serving = {
+        let _inside = runtime.enter();
+        let listener = tokio::net::TcpListener::from_std(listener)
+            .map_err(|e| told(Error::Usage(format!("--listen {addr}: {e}"))))?;
+        runtime.spawn(server.serve(listener, async move {
+            let _ = close.wait_for(|c| *c).await;
+        }))
+    };
     let metrics_at = match args.metrics_listen {
         Some(m) => {
             let _inside = runtime.enter();
@@ -319,17 +340,8 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             s["local_ranks"].clone(),
         )
     };
-    hydrant_flight::quiet_decoder_panics();
-    let mut server =
-        hydrant_flight::FlightServer::new(vec![served.clone()], auth, args.max_message_bytes);
-    if let Some((cert, key)) = &tls {
-        server = server
-            .with_tls(cert, key)
-            .map_err(|e| Error::Usage(format!("--tls-cert/--tls-key: {e}")))?;
-    }
+    ready.serve(vec![served.clone()]);
     let outcome = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::from_std(listener)
-            .map_err(|e| Error::Usage(format!("--listen {addr}: {e}")))?;
         let ready = json!({
             "listening": local.to_string(),
             "metrics": metrics_at,
@@ -376,21 +388,24 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         // Closing starts on a signal, or once the cluster failed: then each open stream
         // ends with the failure (UNAVAILABLE for a lost peer), not a cut connection.
         let (lost_tx, mut lost) = tokio::sync::watch::channel(None::<String>);
-        let closing = {
+        {
             let stop = stop.clone();
-            async move {
+            tokio::spawn(async move {
                 tokio::select! {
                     () = stopped(stop) => {}
                     why = failed.cluster_failed() => {
                         let _ = lost_tx.send(Some(why));
                     }
                 }
-            }
-        };
-        let graceful = server.serve(listener, closing);
+                let _ = close_tx.send(true);
+            });
+        }
         let served = tokio::select! {
-            served = graceful => served
-                .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e)))),
+            served = serving => match served {
+                Ok(served) => served
+                    .map_err(|e| Error::Usage(format!("server: {}", hydrant::error_line(&e)))),
+                Err(e) => Err(Error::Usage(format!("server: {e}"))),
+            },
             _ = async {
                 stopped(stop.clone()).await;
                 tokio::time::sleep(Duration::from_secs(5)).await;
