@@ -556,6 +556,12 @@ fn a_process_whose_cluster_port_is_taken_stops_the_others_at_once() {
     assert!(said.iter().all(|s| s.lines().count() == 1), "{said:?}");
     let cannot = format!("cannot listen on {taken_at}");
     assert!(said[1].contains(&cannot), "{said:?}");
+    // Which hostfile line it is, and what most often holds it (a second process 1).
+    assert!(
+        said[1].contains("process 1's address in the hostfile"),
+        "{said:?}"
+    );
+    assert!(said[1].contains("is another process 1"), "{said:?}");
     assert!(
         said[0].contains("process 1 (") && said[0].contains(&cannot),
         "{said:?}"

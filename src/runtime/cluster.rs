@@ -99,13 +99,16 @@ impl Cluster {
     }
 
     pub(super) fn check(&self) -> Result<()> {
-        if self.workers == 0 || self.processes == 0 || self.process >= self.processes {
-            return Err(Error::Usage(format!(
-                "need --workers >= 1 and --process < --processes (got {}, {}, {})",
-                self.workers, self.process, self.processes
-            )));
-        }
-        Ok(())
+        let wrong = match () {
+            _ if self.workers == 0 => "--workers must be at least 1".to_string(),
+            _ if self.processes == 0 => "--processes must be at least 1".to_string(),
+            _ if self.process >= self.processes => format!(
+                "--process {} is not below --processes {} (processes are numbered from 0)",
+                self.process, self.processes
+            ),
+            _ => return Ok(()),
+        };
+        Err(Error::Usage(wrong))
     }
 
     /// Starts `worker` on every worker thread of this process, joined to the other
@@ -133,7 +136,15 @@ impl Cluster {
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|e| {
                 // The peers wait for this process: tell them it will not come.
-                let e = Error::Usage(format!("cannot listen on {}: {e}", addresses[self.process]));
+                let (at, p) = (&addresses[self.process], self.process);
+                let e = match e.kind() {
+                    std::io::ErrorKind::AddrInUse => Error::Usage(format!(
+                        "cannot listen on {at}, process {p}'s address in the hostfile: {e} \
+                         (is another process {p} of this cluster running, or another \
+                         program on that port?)"
+                    )),
+                    _ => Error::Usage(format!("cannot listen on {at}: {e}")),
+                };
                 self.give_up(&e.to_string());
                 e
             })?;
@@ -369,6 +380,31 @@ pub(super) mod tests {
             .find(|&port| TcpListener::bind(("127.0.0.1", port as u16)).is_ok())
             .map(|port| format!("127.0.0.1:{port}"))
             .expect("a free port on loopback")
+    }
+
+    /// Found by a hostile run: `--process 2 --processes 2` was refused as "need --workers
+    /// >= 1 and --process < --processes (got 1, 2, 2)", naming an option not given.
+    #[test]
+    fn a_cluster_out_of_range_names_the_option() {
+        let at = |workers, processes, process| Cluster {
+            workers,
+            processes,
+            process,
+            hostfile: None,
+            secret: None,
+        };
+        for (cluster, said) in [
+            (
+                at(1, 2, 2),
+                "--process 2 is not below --processes 2 (processes are numbered",
+            ),
+            (at(0, 1, 0), "--workers must be at least 1"),
+            (at(1, 0, 0), "--processes must be at least 1"),
+        ] {
+            let e = cluster.check().unwrap_err().to_string();
+            assert!(e.contains(said), "{e}");
+        }
+        assert!(at(2, 2, 1).check().is_ok());
     }
 
     #[test]
