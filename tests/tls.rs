@@ -276,3 +276,43 @@ fn a_certificate_out_of_its_dates_is_refused_with_them() {
         assert!(err.contains(needle), "{start}..{end}: {err}");
     }
 }
+
+/// Found by a hostile run: a cluster whose processes were started one with TLS and one
+/// without ran, and trainers' tokens would cross to the plaintext one in clear. Each
+/// process now refuses, naming the other's location.
+#[test]
+fn a_cluster_half_over_tls_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[300], 5);
+    let [_, cert, key] = certificates(dir.path(), "server");
+    let children = spawn_cluster_with(dir.path(), 2, 1, |p| {
+        let mut args: Vec<String> = [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--pipeline",
+            criteo_toml().to_str().unwrap(),
+            "--input",
+            data.to_str().unwrap(),
+            "--state",
+            state.to_str().unwrap(),
+            "--ranks",
+            "2",
+        ]
+        .map(String::from)
+        .into();
+        if p == 0 {
+            args.extend(["--tls-cert", &cert, "--tls-key", &key].map(String::from));
+        }
+        args
+    });
+    for (p, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "process {p}: {said}");
+        let (other, scheme) = [(1, "grpc"), (0, "grpc+tls")][p];
+        let needle = format!("process {other} of the cluster serves at {scheme}://");
+        assert!(said.contains(&needle), "process {p}: {said}");
+        assert!(said.contains("--tls-cert/--tls-key, or none"), "{said}");
+    }
+}

@@ -205,6 +205,11 @@ fn open(args: &ServeArgs) -> Result<Opened> {
     })
 }
 
+/// The scheme of a Flight location (`grpc` or `grpc+tls`).
+fn scheme_of(location: &str) -> &str {
+    location.split_once("://").map_or("", |(scheme, _)| scheme)
+}
+
 /// Runs the server until SIGINT or SIGTERM.
 pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
     let started = Instant::now();
@@ -283,7 +288,19 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             // Every process's Flight location, told through the cluster with what it
             // serves: processes that serve other jobs would deliver garbage together.
             let job = (&*inputs, &*plan, &state, &delivery);
+            let ours = scheme_of(&here).to_string();
             let locations = runtime::same_served(&cluster, job, here)?;
+            // A cluster half over TLS would have trainers send tokens in clear to the rest.
+            if let Some((p, theirs)) = locations
+                .iter()
+                .enumerate()
+                .find(|(_, l)| scheme_of(l) != ours)
+            {
+                return Err(Error::Usage(format!(
+                    "process {p} of the cluster serves at {theirs}, and this one over \
+                     {ours}: start every process with --tls-cert/--tls-key, or none"
+                )));
+            }
             on_cluster = Some((cluster.clone(), locations));
         }
         hydrant::serve::ServedPipeline::new(
