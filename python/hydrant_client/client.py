@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import operator
+import time
 from typing import Tuple, Union
 
 import pyarrow as pa
@@ -36,6 +37,7 @@ class Client:
         self._locations = {}
         self._client = flight.FlightClient(uri, **kw)
         self._options = flight.FlightCallOptions()
+        self._headers = []
         if token is not None:
             user, password = token
             try:
@@ -52,7 +54,8 @@ class Client:
                     f"{uri} takes no credentials (its server was started without "
                     "--token-file): connect without token="
                 )
-            self._options = flight.FlightCallOptions(headers=[header])
+            self._headers = [header]
+            self._options = flight.FlightCallOptions(headers=self._headers)
 
     def _why_unreachable(self, error: Exception) -> Exception:
         """What a failed handshake was: pyarrow reports a server that is not there (or
@@ -67,6 +70,25 @@ class Client:
         except (flight.FlightError, pa.ArrowException):
             pass
         return error
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Returns once the server serves. A server that is starting (fitting its state,
+        or waiting for the other processes of its cluster to join) answers UNAVAILABLE,
+        as does a port not listened on yet; after ``timeout`` seconds of that, raises
+        HydrantError with the last reason. Any other error is raised at once."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(deadline - time.monotonic(), 0.05)
+            options = flight.FlightCallOptions(headers=self._headers, timeout=min(left, 5.0))
+            try:
+                list(self._client.list_flights(options=options))
+                return
+            except (flight.FlightUnavailableError, flight.FlightTimedOutError) as e:
+                if time.monotonic() >= deadline:
+                    raise HydrantError(f"{self._uri} not ready after {timeout} s: {e}") from e
+                time.sleep(0.1)
+            except (flight.FlightError, pa.ArrowException) as e:
+                raise HydrantError(str(e)) from e
 
     def endpoints(self, pipeline: str) -> list:
         """The tickets of every rank of ``pipeline`` (epoch 0), in rank order, as dicts."""

@@ -183,3 +183,37 @@ def test_a_lost_process_ends_a_slow_trainer_s_stream_with_where_to_resume(data, 
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_wait_ready_waits_for_a_cluster_to_join(data, tmp_path):
+    # A process waiting for its cluster answers every call but the handshake UNAVAILABLE
+    # ("the server is starting"), at once: it used to leave a trainer waiting 20 s for
+    # gRPC's connect timeout. wait_ready() waits that out.
+    path, state = data
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"127.0.0.1:{free_port()}\n" for _ in range(2)))
+    listen = f"127.0.0.1:{free_port()}"
+
+    def start(p, at):
+        return subprocess.Popen(
+            [str(BIN), "serve", "--listen", at, "--pipeline", str(PIPELINE), "--input",
+             str(path), "--state", str(state), "--ranks", "2", "--workers", "1",
+             "--processes", "2", "--process", str(p), "--hostfile", str(hosts)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    procs = [start(0, listen)]
+    try:
+        client = Client("grpc://" + listen)
+        began = time.monotonic()
+        with pytest.raises(HydrantError, match="not ready after 1.0 s.*is starting"):
+            client.wait_ready(timeout=1.0)
+        assert time.monotonic() - began < 10
+        with pytest.raises(HydrantError, match="is starting"):
+            client.endpoints("criteo")
+        procs.append(start(1, "127.0.0.1:0"))
+        client.wait_ready(timeout=60)
+        assert len(client.endpoints("criteo")) == 2
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
