@@ -254,6 +254,9 @@ fn join(
     let started = Instant::now();
     let deadline = started + timeout;
     let mut told_waiting = false;
+    // A greeting of another version of the protocol (which process sent it cannot be
+    // known), said beside a timeout.
+    let mut other_version = None;
     loop {
         for p in 0..me {
             for (slot, hello) in [(&mut sockets[p], HELLO), (&mut beats[p], HELLO_BEAT)] {
@@ -300,6 +303,9 @@ fn join(
                         handshake::other_size(theirs, n)
                     )));
                 }
+                Greeted::OtherVersion(theirs) => {
+                    other_version = Some(handshake::other_version(&theirs, HELLO));
+                }
                 Greeted::Peer(..)
                 | Greeted::Unproved(_)
                 | Greeted::Gone(..)
@@ -340,8 +346,11 @@ fn join(
                     None => format!("{p} ({})", addresses[p]),
                 })
                 .collect();
+            let also = other_version.map_or(String::new(), |why| {
+                format!("; a process that dialed this one was not of this cluster: {why}")
+            });
             return Err(Error::Dataflow(format!(
-                "process {me}: process(es) {} did not join the cluster within {} s",
+                "process {me}: process(es) {} did not join the cluster within {} s{also}",
                 who.join(", "),
                 timeout.as_secs()
             )));

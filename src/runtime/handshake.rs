@@ -41,6 +41,13 @@ pub(super) const HELLO: &[u8; 8] = b"hydrant3";
 pub(super) const HELLO_BEAT: &[u8; 8] = b"hydrantD";
 /// Opens a connection that tells a peer this process stopped before joining ([`farewell`]).
 pub(super) const HELLO_GONE: &[u8; 8] = b"hydrantH";
+/// What an acceptor answers a greeting of another version of this protocol with (a
+/// purpose that begins `hydrant` but is not one of this build's), followed by its own
+/// [`HELLO`]: the dialer then says at once that the two run different builds, where it
+/// would have waited out the join for an answer.
+pub(super) const OTHER_VERSION: &[u8; 8] = b"hydrant?";
+/// The purposes of this build (`hydrant` and one byte, changed when the protocol changes).
+const PURPOSES: [&[u8; 8]; 3] = [HELLO, HELLO_BEAT, HELLO_GONE];
 /// The bytes of why a process stopped that a farewell carries (zero-padded, cut to fit).
 pub(super) const REASON: usize = 200;
 
@@ -136,6 +143,17 @@ pub(super) fn other_size(theirs: usize, ours: usize) -> String {
     )
 }
 
+/// What is said of a peer that speaks `theirs` (a purpose, as text) where this process
+/// speaks `ours`.
+pub(super) fn other_version(theirs: &str, ours: &[u8; 8]) -> String {
+    format!(
+        "it runs another version of hydrant (cluster protocol `{}`, this process's `{}`): \
+         run the same hydrant build on every process",
+        crate::error::one_line(theirs.escape_default().to_string()),
+        String::from_utf8_lossy(ours)
+    )
+}
+
 /// What a tag covers: who signs it (`b'A'` the acceptor, `b'D'` the dialer), the
 /// connection's purpose, the seats of who dials whom, and both nonces (the dialer's
 /// first).
@@ -225,6 +243,15 @@ fn dial_with(
     let (purpose, rest) = answer.split_at_mut(8);
     if !sent || !read_by(&mut stream, purpose, deadline) {
         return Err(NotJoined::Unanswered);
+    }
+    if purpose == OTHER_VERSION {
+        let mut theirs = [0u8; 8];
+        let known = read_by(&mut stream, &mut theirs, deadline);
+        let theirs = match known {
+            true => String::from_utf8_lossy(&theirs).into_owned(),
+            false => "unknown".into(),
+        };
+        return Err(NotJoined::Refused(other_version(&theirs, hello)));
     }
     if purpose != hello {
         return Err(NotJoined::Refused(
@@ -331,6 +358,9 @@ pub(super) enum Greeted {
     Unproved(usize),
     /// Process `p`, proved, started with this number of processes, not this one's.
     OtherSize(usize, usize),
+    /// A greeting of another version of this protocol (its purpose, as text), answered
+    /// with [`OTHER_VERSION`] and this build's [`HELLO`].
+    OtherVersion(String),
     /// Process `p`, proved, stopped before joining: why (as it said, cut to [`REASON`]
     /// bytes, as one line: see `said`).
     Gone(usize, String),
@@ -375,6 +405,15 @@ impl Greeting {
             Ok(k) => self.got.extend_from_slice(&buf[..k]),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
             Err(_) => return Greeted::Stranger,
+        }
+        if self.answered.is_none()
+            && self.got.len() >= 8
+            && self.got.starts_with(b"hydrant")
+            && !PURPOSES.iter().any(|p| self.got[..8] == p[..])
+        {
+            // Told at once, whatever the length of that version's greeting.
+            let _ = (&self.stream).write(&[&OTHER_VERSION[..], &HELLO[..]].concat());
+            return Greeted::OtherVersion(String::from_utf8_lossy(&self.got[..8]).into_owned());
         }
         if self.got.len() < want {
             return if self.since.elapsed() < GREETING_TIMEOUT {
@@ -498,6 +537,7 @@ mod tests {
                     Greeted::OtherSize(p, n) => return format!("{p} of {n}"),
                     Greeted::Peer(..) => return "peer".into(),
                     Greeted::Stranger => return "stranger".into(),
+                    Greeted::OtherVersion(v) => return format!("version {v}"),
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -527,6 +567,42 @@ mod tests {
         // One byte of the reason changed on the way: not believed.
         let changed = "input b.parquet: no such file";
         assert_eq!(farewell_by_hand(&key, why, changed), "unproved 1");
+    }
+
+    /// Processes of two builds whose protocols differ could not join, and the dialer
+    /// waited out the join's minute for an answer the acceptor never gave. Now the
+    /// acceptor answers a greeting of another version at once, and the dialer says why.
+    #[test]
+    fn a_process_of_another_version_is_told_so_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap().to_string();
+        let acceptor = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            stream.set_nonblocking(true).unwrap();
+            let mut greeting = Greeting::new(stream);
+            loop {
+                match greeting.poll((0, 2), &key(None)) {
+                    Greeted::Pending(g) => greeting = g,
+                    Greeted::OtherVersion(v) => return v,
+                    _ => return "something else".into(),
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let started = Instant::now();
+        let refused = dial(&at, b"hydrant9", (1, 0, 2), &key(None));
+        let Err(NotJoined::Refused(why)) = refused else {
+            panic!("not refused");
+        };
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        let said = "another version of hydrant (cluster protocol `hydrant3`, this process's \
+                    `hydrant9`)";
+        assert!(why.contains(said), "{why}");
+        assert_eq!(acceptor.join().unwrap(), "hydrant9");
     }
 
     #[test]
