@@ -33,6 +33,7 @@ mod json;
 mod served;
 mod service;
 mod ticket;
+mod tls;
 
 pub use auth::{Auth, AuthError, DEFAULT_TTL, Denied, FAILURE_WINDOW, MAX_FAILURES, MAX_TTL, Role};
 pub use check::{
@@ -42,5 +43,6 @@ pub use check::{
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use encode::batch_bytes;
 pub use served::{Accepted, BatchMeta, Origin, RankStream, ServeError, Served};
-pub use service::{ACCEPT_PAUSE, COMMIT_WAIT, FlightServer, Ready, check_tls};
+pub use service::{ACCEPT_PAUSE, COMMIT_WAIT, FlightServer, Ready};
 pub use ticket::{Ticket, TicketError};
+pub use tls::check_tls;
