@@ -729,3 +729,48 @@ async fn the_next_epoch_is_made_ahead_once_an_epoch_is_featurized() {
     let (_other, other_uri) = serve_criteo(&data, &state, &args);
     assert_eq!(second, read_epoch(&other_uri, 1).await);
 }
+
+/// Found by a hostile run: a stream of epoch 5 that held its connection but took nothing
+/// (a stale trainer that answers pings and grants no flow-control window) held the
+/// dataflow, and with it every trainer of epoch 6, back for as long as it stayed. It is now
+/// ended after `--absent-after`, ABORTED with where to resume, and epoch 6 is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_of_an_epoch_does_not_hold_the_next_back() {
+    use arrow_flight::flight_service_client::FlightServiceClient;
+    use futures::StreamExt;
+
+    const ROWS: u64 = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[ROWS], 13);
+    let args = ["--ranks", "2", "--batch-size", "500", "--epochs", "8"];
+    let (_server, uri) = serve_criteo(
+        &data,
+        &state,
+        &[&args[..], &["--absent-after", "1"]].concat(),
+    );
+    // The stale reader: a small window, and no message taken after its first.
+    let endpoint = tonic::transport::Endpoint::from_shared(uri.replacen("grpc://", "http://", 1))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535);
+    let mut client = FlightServiceClient::new(endpoint.connect().await.unwrap());
+    let stale_ticket = arrow_flight::Ticket::new(ticket(2, 0, 5, 0).to_bytes());
+    let mut stale = client.do_get(stale_ticket).await.unwrap().into_inner();
+    assert!(matches!(stale.next().await, Some(Ok(_))));
+    let epoch_6 = tokio::time::timeout(STALL, read_epoch(&uri, 6)).await;
+    assert_exactly_once(
+        &epoch_6.expect("epoch 6 read beside a stalled reader"),
+        ROWS,
+    );
+    let status = loop {
+        match tokio::time::timeout(STALL, stale.next()).await.unwrap() {
+            Some(Ok(_)) => continue,
+            Some(Err(status)) => break status,
+            None => panic!("the stalled stream ended OK"),
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
+    assert!(status.message().contains("took no batch"), "{status:?}");
+    // Its trainer resumes (here: reads the epoch again) on runs of their own.
+    assert_exactly_once(&read_epoch(&uri, 5).await, ROWS);
+}

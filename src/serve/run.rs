@@ -63,6 +63,9 @@ pub(super) struct Run {
     /// Fed by a served cluster's dataflow ([`Run::fed_later`]), whose failure is recorded
     /// ([`Run::fail`]) only after its workers may have dropped the queues.
     fed_later: AtomicBool,
+    /// The (rank, generation) of readers ended for holding later epochs back
+    /// ([`Run::end_stalled_reader`]), so that they are told why.
+    stalled: Mutex<Vec<(usize, u64)>>,
 }
 
 /// Each input's path on the server and the name clients see instead, longest path first.
@@ -87,6 +90,8 @@ pub(super) struct Slot {
     pub exhausted: bool,
     /// Since when no stream reads the rank.
     idle_since: Instant,
+    /// When the current consumer attached or last took a batch.
+    taken_at: Instant,
 }
 
 /// What a consumer needs once attached to a slot.
@@ -133,6 +138,7 @@ impl Run {
                     next_step: first_step,
                     exhausted: false,
                     idle_since: now,
+                    taken_at: now,
                 })
             })
             .collect();
@@ -153,6 +159,7 @@ impl Run {
             feed: Mutex::default(),
             ahead: AtomicBool::new(false),
             fed_later: AtomicBool::new(false),
+            stalled: Mutex::default(),
         });
         (senders, run)
     }
@@ -293,6 +300,7 @@ impl Run {
         let cancel = CancellationToken::new();
         slot.holder = Some(cancel.clone());
         slot.reading = reading;
+        slot.taken_at = Instant::now();
         let replay = slot
             .sent
             .iter()
@@ -326,6 +334,29 @@ impl Run {
         slot.holder.is_none() && !slot.exhausted
     }
 
+    /// Ends the trainer's stream that reads `rank` if it has taken no batch for `stalled`
+    /// while the rank's queue is full, so that it holds the dataflow (and with it every
+    /// later epoch) back; returns whether it did. Its trainer is told why, and can resume
+    /// on a run of its own.
+    pub fn end_stalled_reader(&self, rank: usize, stalled: Duration) -> bool {
+        let Some(Some(queue)) = self.queues.get(rank) else {
+            return false;
+        };
+        let full = queue.try_lock().is_ok_and(|q| q.capacity() == 0);
+        let mut slot = self.slot(rank);
+        if !full || !slot.reading || slot.exhausted || slot.taken_at.elapsed() < stalled {
+            return false;
+        }
+        lock(&self.stalled).push((rank, slot.generation));
+        slot.supersede();
+        true
+    }
+
+    /// Whether consumer `generation` of `rank` was ended by [`Run::end_stalled_reader`].
+    pub fn ended_stalled(&self, rank: usize, generation: u64) -> bool {
+        lock(&self.stalled).contains(&(rank, generation))
+    }
+
     /// Marks consumer `generation` of `rank` gone, if it is still the current one.
     pub fn detach(&self, rank: usize, generation: u64) {
         let mut slot = self.slot(rank);
@@ -340,6 +371,7 @@ impl Run {
     /// or past `start_step`, `None` if the consumer skips it.
     pub fn deliver(&self, slot: &mut Slot, rb: RankBatch, start_step: u64) -> Option<RankBatch> {
         slot.next_step = slot.next_step.max(rb.meta.step + 1);
+        slot.taken_at = Instant::now();
         // The epoch's last step: nothing more will come for this rank.
         slot.exhausted |= self.steps == Some(slot.next_step);
         // A step skipped by a consumer that started past it is kept as a sent one is: a

@@ -82,6 +82,35 @@ pub(super) fn let_unread_go(runs: &Weak<Runs>, epoch: u64, waiter: &str) {
     }
 }
 
+/// Ends the streams of shared runs of epochs before `epoch` that have taken no batch for
+/// `stalled` while their rank's queue is full (a stale trainer that holds its connection
+/// but does not read): one dataflow feeds an epoch's run after the one before, so such a
+/// stream holds every later epoch back, whoever reads it (`waiter`, for the log). Its
+/// trainer can resume on a run of its own. A trainer reading the same epoch is waited for,
+/// as all-reduce would.
+fn end_stalled_readers(runs: &Weak<Runs>, epoch: u64, stalled: Duration, waiter: &str) {
+    let Some(all) = runs.upgrade() else {
+        return;
+    };
+    let earlier: Vec<Arc<Run>> = lock(&all)
+        .iter()
+        .filter(|r| r.only.is_none() && r.steps.is_some() && r.epoch < epoch)
+        .cloned()
+        .collect();
+    for run in earlier {
+        for rank in 0..run.ranks() {
+            if run.end_stalled_reader(rank, stalled) {
+                hydrant_operators::log_line!(
+                    "hydrant: rank {rank} of epoch {} took no batch for {} s while {waiter} \
+                     on epoch {epoch}: its stream is ended (it resumes on a run of its own)",
+                    run.epoch,
+                    stalled.as_secs()
+                );
+            }
+        }
+    }
+}
+
 pub(super) struct Consumer {
     run: Arc<Run>,
     runs: Weak<Runs>,
@@ -155,6 +184,7 @@ impl Consumer {
             self.rank,
             self.let_go.after.as_secs()
         );
+        end_stalled_readers(&self.runs, epoch, self.let_go.after, &waiter);
         let_unread_go(&self.runs, epoch, &waiter);
         if let Some(peers) = self.let_go.peers.clone() {
             drop(tokio::task::spawn_blocking(move || peers.send(epoch)));
@@ -162,6 +192,16 @@ impl Consumer {
     }
 
     fn superseded(&self) -> ServeError {
+        if self.run.ended_stalled(self.rank, self.attached.generation) {
+            return ServeError::Aborted(format!(
+                "rank {} of epoch {} took no batch for {} s while a trainer of a later epoch \
+                 waited behind it: reconnect with start_step {} (a run of its own)",
+                self.rank,
+                self.run.epoch,
+                self.let_go.after.as_secs(),
+                self.next
+            ));
+        }
         ServeError::Aborted(format!(
             "superseded by a newer reader for rank {}",
             self.rank
