@@ -56,3 +56,42 @@ fn a_pipeline_that_is_not_a_small_regular_file_is_refused() {
         assert!(err.contains(pipeline) && err.contains(needle), "{err}");
     }
 }
+
+/// Found by a hostile run: the server's HTTP/2 SETTINGS bounded no streams, so one
+/// connection could open streams until memory ran out (400k held 3.2 GB). Its first frame,
+/// read here off a raw socket, now bounds them.
+#[test]
+fn the_server_bounds_the_streams_of_a_connection() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let input = gen_criteo(dir.path(), 1000, 1);
+    let toml = criteo_toml();
+    let (_server, uri) = serve(&[
+        "--pipeline".as_ref(),
+        toml.as_os_str(),
+        "--input".as_ref(),
+        input.as_os_str(),
+    ]);
+    let mut s = std::net::TcpStream::connect(uri.trim_start_matches("http://")).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap(); // an empty SETTINGS frame
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(
+        head[3], 4,
+        "the server's first frame is its SETTINGS: {head:?}"
+    );
+    let mut body = vec![0u8; u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize];
+    s.read_exact(&mut body).unwrap();
+    let settings: Vec<(u16, u32)> = body
+        .chunks_exact(6)
+        .map(|c| {
+            let id = u16::from_be_bytes([c[0], c[1]]);
+            (id, u32::from_be_bytes([c[2], c[3], c[4], c[5]]))
+        })
+        .collect();
+    let most = hydrant_flight::MAX_STREAMS_PER_CONNECTION;
+    assert!(settings.contains(&(3, most)), "{settings:?}");
+}

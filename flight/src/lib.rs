@@ -43,6 +43,6 @@ pub use check::{
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use encode::batch_bytes;
 pub use served::{Accepted, BatchMeta, Origin, RankStream, ServeError, Served};
-pub use service::{ACCEPT_PAUSE, COMMIT_WAIT, FlightServer, Ready};
+pub use service::{ACCEPT_PAUSE, COMMIT_WAIT, FlightServer, MAX_STREAMS_PER_CONNECTION, Ready};
 pub use ticket::{Ticket, TicketError};
 pub use tls::check_tls;

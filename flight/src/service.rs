@@ -57,6 +57,11 @@ struct StateRequest {
     version: u64,
 }
 
+/// Streams one client connection may have open at once (HTTP/2 SETTINGS
+/// `MAX_CONCURRENT_STREAMS`): far more than the ranks and actions of one trainer process,
+/// which gRPC clients queue beyond it rather than fail.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+
 /// A `state` reply is sent in results of at most this many bytes, to be concatenated: a
 /// vocabulary state can be larger than a gRPC client takes in one message.
 pub const STATE_CHUNK_BYTES: usize = 1 << 20;
@@ -157,6 +162,9 @@ impl FlightServer {
             // not when TCP gives up.
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+            // Each open stream holds memory (~8 KB): without a bound one connection could
+            // open streams until the host runs out (400k streams held 3.2 GB).
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             // Large HTTP/2 windows: a rank's stream is a bulk transfer.
             .initial_stream_window_size(Some(16 << 20))
             .initial_connection_window_size(Some(64 << 20))
