@@ -190,11 +190,20 @@ impl Failures {
         }
     }
 
-    /// The count `counted` names (a peer's own is made if new).
-    fn of(&mut self, counted: Counted) -> &mut (u32, Instant) {
+    /// Where a failure of `peer` is counted: its own count (made if new), or the others'
+    /// when it has none and the table is full. Only failures take a place in the table.
+    fn place(&self, peer: IpAddr) -> Counted {
+        match self.by_peer.len() >= MAX_PEERS && !self.by_peer.contains_key(&peer) {
+            true => Counted::Others,
+            false => Counted::Own(peer),
+        }
+    }
+
+    /// The count `counted` names (a peer's own is made at `now` if new).
+    fn of(&mut self, counted: Counted, now: Instant) -> &mut (u32, Instant) {
         match counted {
             Counted::Others => &mut self.others,
-            Counted::Own(peer) => self.by_peer.entry(peer).or_insert((0, Instant::now())),
+            Counted::Own(peer) => self.by_peer.entry(peer).or_insert((0, now)),
         }
     }
 
@@ -398,12 +407,8 @@ impl Auth {
             let by_peer = &mut failures.by_peer;
             by_peer.retain(|_, (_, since)| now.saturating_duration_since(*since) < FAILURE_WINDOW);
         }
-        let counted =
-            match failures.by_peer.len() >= MAX_PEERS && !failures.by_peer.contains_key(&peer) {
-                true => Counted::Others,
-                false => Counted::Own(peer),
-            };
-        let entry = failures.of(counted);
+        let counted = failures.place(peer);
+        let entry = failures.of(counted, now);
         if now.saturating_duration_since(entry.1) >= FAILURE_WINDOW {
             *entry = (0, now);
         }

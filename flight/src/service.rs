@@ -25,7 +25,7 @@ use crate::encode::Encoder;
 use crate::idle::{FirstWords, GREETING_TIMEOUT};
 use crate::served::{BatchMeta, Origin, ServeError, Served};
 use crate::ticket::Ticket;
-use crate::tls::{check_dates, tls_config, unix_now};
+use crate::tls::identity;
 
 /// How long a server waits after a failed accept (out of file descriptors, most often)
 /// before it accepts again, rather than failing at once again and again: the Flight
@@ -136,8 +136,7 @@ impl FlightServer {
     /// Serves over TLS (rustls) with this PEM certificate chain and private key; errs,
     /// saying why, if they cannot be used.
     pub fn with_tls(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, String> {
-        self.tls = Some(tls_config(cert_pem, key_pem)?);
-        check_dates(cert_pem, unix_now())?;
+        self.tls = Some(identity(cert_pem, key_pem)?);
         Ok(self)
     }
 

@@ -9,18 +9,25 @@ use tonic::transport::{Identity, ServerTlsConfig};
 /// it does anything else (a cluster's process, before it joins its peers).
 pub fn check_tls(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), String> {
     check_pem(cert_pem, key_pem)?;
-    tls_config(cert_pem, key_pem).map_err(|e| {
+    identity(cert_pem, key_pem).map(drop).map_err(|e| {
         // rustls speaks of its peer's certificate; here it is the server's own.
         e.replace(
             "invalid peer certificate",
             "the certificate cannot be served",
         )
-    })?;
-    check_dates(cert_pem, unix_now())
+    })
+}
+
+/// The server's TLS configuration of a PEM certificate chain and key that rustls takes
+/// and whose certificates are valid now.
+pub(crate) fn identity(cert_pem: &[u8], key_pem: &[u8]) -> Result<ServerTlsConfig, String> {
+    let config = tls_config(cert_pem, key_pem)?;
+    check_dates(cert_pem, unix_now())?;
+    Ok(config)
 }
 
 /// The time since the Unix epoch (zero for a clock set before it).
-pub(crate) fn unix_now() -> std::time::Duration {
+fn unix_now() -> std::time::Duration {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
@@ -28,7 +35,7 @@ pub(crate) fn unix_now() -> std::time::Duration {
 
 /// Whether every certificate of the chain is valid at `now` (since the Unix epoch): rustls
 /// serves an expired certificate without a word, and every client then refuses it.
-pub(crate) fn check_dates(cert_pem: &[u8], now: std::time::Duration) -> Result<(), String> {
+fn check_dates(cert_pem: &[u8], now: std::time::Duration) -> Result<(), String> {
     use rustls_pki_types::{CertificateDer, pem::PemObject};
     use x509_cert::der::Decode;
     let chain = CertificateDer::pem_slice_iter(cert_pem).filter_map(Result::ok);
@@ -97,7 +104,7 @@ fn check_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), String> {
 
 /// The server's TLS configuration of a PEM certificate (chain) and key, built once here so
 /// that a bad certificate or key is refused before serving.
-pub(crate) fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<ServerTlsConfig, String> {
+fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<ServerTlsConfig, String> {
     let config = ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
     tonic::transport::Server::builder()
         .tls_config(config.clone())

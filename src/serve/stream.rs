@@ -46,15 +46,7 @@ pub(super) struct LetGo {
 /// waiting trainer has finished. Only file input: a rank that comes later catches up on
 /// a run of its own, which pushed rows cannot.
 pub(super) fn let_unread_go(runs: &Weak<Runs>, epoch: u64, waiter: &str) {
-    let Some(all) = runs.upgrade() else {
-        return;
-    };
-    let shared: Vec<Arc<Run>> = lock(&all)
-        .iter()
-        .filter(|r| r.only.is_none() && r.steps.is_some() && r.epoch <= epoch)
-        .cloned()
-        .collect();
-    for run in shared {
+    for run in shared_runs(runs, |e| e <= epoch) {
         for rank in 0..run.ranks() {
             if let Some(attached) = run.drain_if_unread(rank) {
                 hydrant_operators::log_line!(
@@ -82,6 +74,19 @@ pub(super) fn let_unread_go(runs: &Weak<Runs>, epoch: u64, waiter: &str) {
     }
 }
 
+/// The shared runs of file input in `runs` (not a rank's catch-up run, nor pushed input)
+/// whose epoch `of` takes.
+fn shared_runs(runs: &Weak<Runs>, of: impl Fn(u64) -> bool) -> Vec<Arc<Run>> {
+    let Some(all) = runs.upgrade() else {
+        return Vec::new();
+    };
+    lock(&all)
+        .iter()
+        .filter(|r| r.only.is_none() && r.steps.is_some() && of(r.epoch))
+        .cloned()
+        .collect()
+}
+
 /// Ends the streams of shared runs of epochs before `epoch` that have taken no batch for
 /// `stalled` while their rank's queue is full (a stale trainer that holds its connection
 /// but does not read): one dataflow feeds an epoch's run after the one before, so such a
@@ -89,15 +94,7 @@ pub(super) fn let_unread_go(runs: &Weak<Runs>, epoch: u64, waiter: &str) {
 /// trainer can resume on a run of its own. A trainer reading the same epoch is waited for,
 /// as all-reduce would.
 fn end_stalled_readers(runs: &Weak<Runs>, epoch: u64, stalled: Duration, waiter: &str) {
-    let Some(all) = runs.upgrade() else {
-        return;
-    };
-    let earlier: Vec<Arc<Run>> = lock(&all)
-        .iter()
-        .filter(|r| r.only.is_none() && r.steps.is_some() && r.epoch < epoch)
-        .cloned()
-        .collect();
-    for run in earlier {
+    for run in shared_runs(runs, |e| e < epoch) {
         for rank in 0..run.ranks() {
             if run.end_stalled_reader(rank, stalled) {
                 hydrant_operators::log_line!(
