@@ -378,6 +378,62 @@ fn processes_started_with_other_options_are_refused() {
     }
 }
 
+/// One process with a token file and one without would let anyone read the ranks of the
+/// second that the first guards: both refuse, naming the option, whichever has it. Two
+/// token files of other users or roles are refused the same way; other passwords are not
+/// compared (they never leave a process).
+#[test]
+fn processes_guarded_by_other_token_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = folder_with_state(dir.path(), &[300], 3);
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let trainers = file("trainers", "alice:s3cret train\n");
+    let admins = file("admins", "alice:s3cret train,admin\n");
+    let other_password = file("other", "alice:different train\n");
+    for (files, refused) in [
+        ([Some(&trainers), None], true),
+        ([Some(&trainers), Some(&admins)], true),
+        ([Some(&trainers), Some(&other_password)], false),
+    ] {
+        let children = spawn_cluster_with(dir.path(), 2, 1, |p| {
+            let mut args = serve_args(&io, &["--ranks", "2"]);
+            if let Some(f) = files[p] {
+                args.extend(["--token-file".to_string(), f.clone()]);
+            }
+            args
+        });
+        let mut servers: Vec<Server> = children.into_iter().map(Server).collect();
+        for (p, server) in servers.iter_mut().enumerate() {
+            let mut line = String::new();
+            BufReader::new(server.0.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            if !refused {
+                assert!(line.contains("\"listening\""), "process {p}: {line:?}");
+                continue;
+            }
+            assert!(line.is_empty(), "process {p} started: {line}");
+            let status = server.0.wait().unwrap();
+            let mut said = String::new();
+            std::io::Read::read_to_string(server.0.stderr.as_mut().unwrap(), &mut said).unwrap();
+            assert!(!status.success(), "process {p}: {said}");
+            assert_eq!(said.trim().lines().count(), 1, "one line: {said}");
+            assert!(
+                said.contains("runs another job: its --token-file"),
+                "{said}"
+            );
+            assert!(
+                !said.contains("s3cret") && !said.contains("alice"),
+                "{said}"
+            );
+        }
+    }
+}
+
 /// A serve process that cannot start (its --listen port is taken, its --tls-cert file is
 /// missing) tells the others, which stop at once with one line naming it, rather than
 /// waiting out the join's minute.

@@ -338,6 +338,24 @@ impl Auth {
         self
     }
 
+    /// Who may do what, without a secret, for servers that must agree (the processes of
+    /// one cluster): the number of users, a digest of their names and roles, and how long
+    /// a token lives. Passwords are not in it; they never leave the process.
+    pub fn summary(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut users: Vec<(&str, u8)> = self.users.iter().map(|u| (&*u.name, u.roles)).collect();
+        users.sort_unstable();
+        // `DefaultHasher::new()` hashes alike in every process of a build.
+        let mut digest = std::collections::hash_map::DefaultHasher::new();
+        users.hash(&mut digest);
+        format!(
+            "{} users and their roles ({:016x}), tokens living {} s",
+            users.len(),
+            digest.finish(),
+            self.ttl.as_secs()
+        )
+    }
+
     /// The bearer header value for a Handshake's `authorization` header, if it holds valid
     /// Basic credentials and `peer` has not failed too often.
     pub fn handshake(
@@ -486,6 +504,38 @@ mod tests {
 
     fn basic(user_pass: &str) -> String {
         format!("Basic {}", STANDARD.encode(user_pass))
+    }
+
+    /// Servers agree on users and roles, in any order, whatever the passwords; another
+    /// user, role or token life differs, and no password shows.
+    #[test]
+    fn a_summary_names_users_and_roles_and_no_secret() {
+        let roles = |list: &[(&str, &str, u8)]| {
+            Auth::with_roles(
+                list.iter()
+                    .map(|&(u, p, r)| (u.to_string(), p.to_string(), r))
+                    .collect(),
+            )
+            .summary()
+        };
+        let one = roles(&[("alice", "s3cret", 1), ("bob", "pw", 6)]);
+        assert_eq!(one, roles(&[("bob", "other", 6), ("alice", "s3cret", 1)]));
+        assert!(one.starts_with("2 users and their roles"), "{one}");
+        assert!(!one.contains("s3cret") && !one.contains("alice"), "{one}");
+        for other in [
+            roles(&[("alice", "s3cret", 1), ("bob", "pw", 7)]),
+            roles(&[("alice", "s3cret", 1), ("carol", "pw", 6)]),
+            roles(&[("alice", "s3cret", 1)]),
+        ] {
+            assert_ne!(one, other);
+        }
+        let auth = Auth::new(vec![("alice".into(), "x".into())]);
+        let (short, long) = (
+            auth.summary(),
+            auth.with_ttl(Duration::from_secs(60)).summary(),
+        );
+        assert_ne!(short, long);
+        assert!(long.ends_with("tokens living 60 s"), "{long}");
     }
 
     #[test]

@@ -79,14 +79,17 @@ pub(super) fn same_job(job: &Job, cluster: &Cluster) -> Result<()> {
 }
 
 /// Fails, naming the first option that differs, unless every process of `cluster` serves
-/// the same job (of `inputs`, `plan`, `state` and `delivery`); otherwise returns what
-/// each process says of itself (`own`: a server's location), process by process.
+/// the same job (of `inputs`, `plan`, `state` and `delivery`) in the same way (`serving`:
+/// the server's own options, `(what, value)`, such as who may read); otherwise returns
+/// what each process says of itself (`own`: a server's location), process by process.
 pub fn same_served(
     cluster: &Cluster,
     (inputs, plan, state, delivery): (&Inputs, &FeaturePlan, &FittedState, &Delivery),
+    serving: Vec<(&'static str, String)>,
     own: String,
 ) -> Result<Vec<String>> {
-    let mine = describe((inputs, plan, Some(state), delivery), cluster);
+    let mut mine = describe((inputs, plan, Some(state), delivery), cluster);
+    mine.extend(serving);
     agree(cluster, mine, own)
 }
 

@@ -226,6 +226,13 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         tls,
         here,
     } = open(args).map_err(told)?;
+    // What a trainer may do must not depend on the process it reads from: a process
+    // without --token-file would hand anyone the ranks the others guard.
+    let guarded = (
+        "--token-file (users and roles) / --token-ttl",
+        auth.as_ref()
+            .map_or("none (no --token-file)".to_string(), |a| a.summary()),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -289,7 +296,7 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
             // serves: processes that serve other jobs would deliver garbage together.
             let job = (&*inputs, &*plan, &state, &delivery);
             let ours = scheme_of(&here).to_string();
-            let locations = runtime::same_served(&cluster, job, here)?;
+            let locations = runtime::same_served(&cluster, job, vec![guarded], here)?;
             // A cluster half over TLS would have trainers send tokens in clear to the rest.
             if let Some((p, theirs)) = locations
                 .iter()
