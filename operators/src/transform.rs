@@ -115,9 +115,7 @@ impl FeaturePlan {
                             boundaries,
                         )
                     }
-                    (Source::Numeric { integer: true }, None)
-                        if one_hot.is_some() || g.spec.kind == GroupKind::Ids =>
-                    {
+                    (source, None) if passes_ints(source, one_hot.is_some(), g.spec.kind) => {
                         Bound::IntPass
                     }
                     (Source::Numeric { .. }, _) => {
@@ -146,6 +144,30 @@ impl FeaturePlan {
 }
 
 impl FeaturePlan {
+    /// Fails where featurizing `batch` would on its values whatever the state (integer ids
+    /// passed through that are not indices, ready tensors with nulls), naming the row by
+    /// its `row_id`. Rows held for a first state (statistics refreshed from a stream) are
+    /// checked so before they are taken, as their featurizing comes only later.
+    pub fn check_values(&self, batch: &RecordBatch) -> Result<()> {
+        for g in &self.groups {
+            let steps = &g.spec.steps;
+            let one_hot = matches!(steps.last(), Some(Step::OneHot(_)));
+            let chain = &steps[..steps.len() - one_hot as usize];
+            for c in &g.columns {
+                match c.source {
+                    Source::Tensor { .. } => {
+                        tensor_column(batch, &g.spec.name, &c.name, g.spec.kind)?;
+                    }
+                    source if chain.is_empty() && passes_ints(source, one_hot, g.spec.kind) => {
+                        checked_ints(batch, &g.spec.name, &c.name)?;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The vocabulary indexes of the plan's vocab columns, in column order, built in
     /// parallel. Stops at the first column whose parameter is missing or wrong (binding
     /// reports it).
@@ -349,20 +371,11 @@ fn tensor_column(
     name: &str,
     kind: GroupKind,
 ) -> Result<ArrayRef> {
-    let array = column(batch, group, name)?;
     let want = match kind {
         GroupKind::Dense => DataType::Float32,
         GroupKind::Ids => DataType::Int64,
     };
-    let list = array
-        .as_fixed_size_list_opt()
-        .filter(|l| l.value_type() == want && l.null_count() == 0 && l.values().null_count() == 0);
-    let Some(list) = list else {
-        return Err(OpError::Schema(format!(
-            "group `{group}`: column `{name}` is {} (with nulls?), expected a non-null tensor of {want}",
-            array.data_type()
-        )));
-    };
+    let list = ready_list(batch, group, name, &want)?;
     // Re-labelled with the output's item field; the buffers are shared.
     let item = Arc::new(Field::new_list_field(want, false));
     Ok(Arc::new(FixedSizeListArray::try_new(
@@ -373,6 +386,26 @@ fn tensor_column(
     )?))
 }
 
+/// Ready tensor column `name` of `batch` (of group `group`): a fixed-size list of `want`
+/// without a null row or item.
+fn ready_list<'a>(
+    batch: &'a RecordBatch,
+    group: &str,
+    name: &str,
+    want: &DataType,
+) -> Result<&'a FixedSizeListArray> {
+    let array = column(batch, group, name)?;
+    let list = array
+        .as_fixed_size_list_opt()
+        .filter(|l| l.value_type() == *want && l.null_count() == 0 && l.values().null_count() == 0);
+    list.ok_or_else(|| {
+        OpError::Schema(format!(
+            "group `{group}`: column `{name}` is {} (with nulls?), expected a non-null tensor of {want}",
+            array.data_type()
+        ))
+    })
+}
+
 /// Copies a ready tensor column into its slots of a wider tensor.
 fn tensor_into<T: arrow::datatypes::ArrowPrimitiveType>(
     batch: &RecordBatch,
@@ -381,20 +414,10 @@ fn tensor_into<T: arrow::datatypes::ArrowPrimitiveType>(
     width: usize,
     out: &mut [T::Native],
 ) -> Result<()> {
-    let array = column(batch, group, &c.name)?;
-    let list = array.as_fixed_size_list_opt().ok_or_else(|| {
-        OpError::Schema(format!(
-            "group `{group}`: column `{}` is not a tensor",
-            c.name
-        ))
-    })?;
+    // Without a null: the values under a null row are whatever its buffer holds.
+    let list = ready_list(batch, group, &c.name, &T::DATA_TYPE)?;
     let w = list.value_length() as usize;
-    let values = list.values().as_primitive_opt::<T>().ok_or_else(|| {
-        OpError::Schema(format!(
-            "group `{group}`: column `{}` has the wrong item type",
-            c.name
-        ))
-    })?;
+    let values = list.values().as_primitive::<T>();
     for (r, row) in values.values().chunks_exact(w).enumerate() {
         out[r * width + c.offset..r * width + c.offset + w].copy_from_slice(row);
     }
@@ -445,15 +468,8 @@ fn index_column(
             chain_to_bucket(values.values(), values.nulls(), ops, boundaries, out);
         }
         Bound::IntPass => {
-            let ints = cast(array, &DataType::Int64)?;
+            let ints = checked_ints(batch, group, &c.name)?;
             let ints = ints.as_primitive::<Int64Type>();
-            if let Some(reason) = unusable_id(array, ints, |k| at_row_id(batch, k)) {
-                return Err(OpError::Plan {
-                    group: group.to_string(),
-                    column: c.name.clone(),
-                    reason,
-                });
-            }
             out.copy_from_slice(ints.values());
             if let Some(nulls) = ints.nulls() {
                 out.iter_mut()
@@ -474,6 +490,27 @@ fn index_column(
         Bound::Float(_) | Bound::Tensor => unreachable!("float and tensor columns have no index"),
     }
     Ok(())
+}
+
+/// Whether a column of `source` with no steps before its (optional) one-hot is taken as
+/// an index as it is: an integer column of an ids group, or one-hot encoded.
+fn passes_ints(source: Source, one_hot: bool, kind: GroupKind) -> bool {
+    matches!(source, Source::Numeric { integer: true }) && (one_hot || kind == GroupKind::Ids)
+}
+
+/// Integer column `name` of `batch` (of group `group`) as int64 ids, failing on a value
+/// that is not one (see [`unusable_id`]).
+fn checked_ints(batch: &RecordBatch, group: &str, name: &str) -> Result<ArrayRef> {
+    let array = column(batch, group, name)?;
+    let ints = cast(array, &DataType::Int64)?;
+    if let Some(reason) = unusable_id(array, ints.as_primitive(), |k| at_row_id(batch, k)) {
+        return Err(OpError::Plan {
+            group: group.to_string(),
+            column: name.to_string(),
+            reason,
+        });
+    }
+    Ok(ints)
 }
 
 /// What makes an integer id column passed through unusable, if anything: a value an
@@ -537,6 +574,52 @@ mod tests {
     use crate::group::{LabelSpec, LabelType};
     use crate::state::FittedState;
     use arrow::datatypes::Float32Type;
+
+    /// What featurizing refuses by value whatever the state, `check_values` refuses
+    /// first: ids that are not indices, and ready tensors with a null row (in a group of
+    /// several columns too, where the null row's buffer used to be copied as values).
+    #[test]
+    fn values_featurizing_refuses_are_refused_without_a_state() {
+        use crate::group::{FeatureGroup, GroupKind};
+        use arrow::buffer::NullBuffer;
+        let batch = |ids: Vec<i64>, null_row: Option<usize>| {
+            let item = Arc::new(Field::new_list_field(DataType::Float32, true));
+            let values = Float32Array::from_iter_values((0..8).map(|i| i as f32));
+            let nulls = null_row.map(|r| NullBuffer::from_iter((0..4).map(|k| k != r)));
+            let t = FixedSizeListArray::try_new(item, 2, Arc::new(values), nulls).unwrap();
+            RecordBatch::try_from_iter([
+                (
+                    ROW_ID,
+                    Arc::new(UInt64Array::from_iter_values(40..44)) as ArrayRef,
+                ),
+                ("u", Arc::new(Int64Array::from(ids))),
+                ("t", Arc::new(t)),
+                ("x", Arc::new(Float64Array::from(vec![1.0, 2.0, 3.0, 4.0]))),
+            ])
+            .unwrap()
+        };
+        let groups = [
+            FeatureGroup::new("g", GroupKind::Ids, &["u"], vec![]),
+            FeatureGroup::new("d", GroupKind::Dense, &["t", "x"], vec![]),
+        ];
+        let good = batch(vec![1, 2, 3, 4], None);
+        let plan = FeaturePlan::compile("p", &groups, None, &good.schema()).unwrap();
+        let mut t = plan.transformer(&FittedState::empty("p")).unwrap();
+        plan.check_values(&good).unwrap();
+        let d = t.apply(&good).unwrap();
+        let d = d.column_by_name("d").unwrap().as_fixed_size_list();
+        let d = d.values().as_primitive::<Float32Type>().values();
+        assert_eq!(d[3..6], [2.0, 3.0, 2.0], "row 1: its tensor, then x");
+        for (bad, says) in [
+            (batch(vec![1, 2, -3, 4], None), "holds -3 at row_id 42"),
+            (batch(vec![1, 2, 3, 4], Some(1)), "column `t` is"),
+        ] {
+            let err = plan.check_values(&bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+            let err = t.apply(&bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
+    }
 
     /// A transformer of a label alone, of `dtype`, over a batch of rows 10, 11, ...
     fn labelled(label: ArrayRef, dtype: LabelType) -> Result<RecordBatch> {

@@ -207,6 +207,50 @@ def test_a_held_batch_with_an_unusable_label_is_refused_before_its_acknowledgeme
         s.stop()
 
 
+def test_a_held_batch_with_an_id_that_is_no_index_is_refused_before_its_acknowledgement(tmp_path):
+    """As the label above, for integer ids passed through: a negative id in a held batch was
+    acknowledged; the batch that ended the warm-up then failed with INTERNAL, and the
+    acknowledged rows held with it were never delivered."""
+    toml = tmp_path / "ids.toml"
+    toml.write_text(
+        'input = "flight"\nname = "ids"\nlabel = { column = "y", type = "float32" }\n'
+        '[[group]]\nname = "d"\nkind = "dense"\ncolumns = ["x"]\nsteps = ["standardize"]\n'
+        '[[group]]\nname = "g"\nkind = "ids"\ncolumns = ["u"]\nsteps = []\n'
+        '[stats]\nmode = "refresh"\nwarmup = 300\n'
+    )
+    s = Server("--pipeline", toml, "--ranks", "2", "--batch-size", "100")
+
+    def rows(first, n, bad=None):
+        u = list(range(first, first + n))
+        if bad is not None:
+            u[bad - first] = -5
+        return pa.table({
+            "x": pa.array([float(i) for i in range(first, first + n)]),
+            "u": pa.array(u, pa.int64()),
+            "y": pa.array([float(i % 2) for i in range(first, first + n)]),
+        })
+
+    try:
+        client = Client(s.uri)
+        with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*holds -5 at row_id 50"):
+            client.push("ids", rows(0, 200, bad=50))
+        for first in (0, 200, 400):
+            assert client.push("ids", rows(first, 200))[0]["rows"] == 200
+        got, readers = {}, []
+        for r in range(2):
+            t = threading.Thread(target=lambda r=r: got.update({r: list(client.batches("ids", r, 2))}))
+            t.start()
+            readers.append(t)
+        client.end_ingest("ids")
+        for t in readers:
+            t.join(timeout=60)
+        ids = sorted(i for r in range(2) for b in got[r] for i in b.row_id[~b.mask].tolist())
+        assert ids == list(range(600))
+        assert len(got[0]) == len(got[1]) == 3
+    finally:
+        s.stop()
+
+
 def test_a_too_large_message_is_resource_exhausted(tmp_path, data):
     path, _ = data
     s = pushed_server(tmp_path, data, "--max-message-bytes", "200000")

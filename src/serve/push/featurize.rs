@@ -79,13 +79,21 @@ impl PushFeaturizer {
         }
     }
 
-    /// Checks that batches of `schema` can be featurized and delivered, without a state
-    /// (rows held for a first version are checked so, before they are acknowledged).
-    pub fn check(&self, schema: &Schema) -> Result<(), ServeError> {
+    /// Checks that `batch`, its rows numbered from `first_row`, can be featurized and
+    /// delivered whatever the state: its columns, its labels and its values (ids passed
+    /// through, ready tensors). Rows held for a first version are checked so, before they
+    /// are acknowledged (and before their statistics are counted): featurized only once
+    /// the warmup is over, a bad one would fail a later batch, and the rows held with it
+    /// would never be delivered.
+    pub fn check(&self, batch: &RecordBatch, first_row: u64) -> Result<(), ServeError> {
         let invalid = |e: &dyn std::fmt::Display| ServeError::InvalidArgument(e.to_string());
-        check_columns(schema)?;
-        let plan = self.spec.plan(schema).map_err(|e| self.plan_error(e))?;
-        check_output(&plan.output_schema(), &self.output).map_err(|e| invalid(&e))
+        let schema = batch.schema();
+        check_columns(&schema)?;
+        let plan = self.spec.plan(&schema).map_err(|e| self.plan_error(e))?;
+        check_output(&plan.output_schema(), &self.output).map_err(|e| invalid(&e))?;
+        self.check_labels(batch, first_row)?;
+        let batch = with_row_id(batch.clone(), first_row).map_err(|e| invalid(&e))?;
+        plan.check_values(&batch).map_err(|e| invalid(&e))
     }
 
     /// Why a pushed schema does not fit the pipeline, as its producer is told: without the
@@ -100,8 +108,8 @@ impl PushFeaturizer {
     }
 
     /// Checks the labels of `batch`, whose rows start at stream row `first_row`, as
-    /// featurizing would: rows held for a first state are acknowledged before that.
-    pub fn check_labels(&self, batch: &RecordBatch, first_row: u64) -> Result<(), ServeError> {
+    /// featurizing would.
+    fn check_labels(&self, batch: &RecordBatch, first_row: u64) -> Result<(), ServeError> {
         match &self.spec.label {
             Some(label) => hydrant_operators::check_labels(label, batch, first_row)
                 .map_err(|e| ServeError::InvalidArgument(e.to_string())),

@@ -313,9 +313,9 @@ impl Pushed {
             None => Vec::new(),
             Some(refresh) => {
                 // Checked before its rows are counted: a refused batch changes nothing.
-                st.featurizer.check(&batch.schema()).inspect_err(rejected)?;
-                let labels = st.featurizer.check_labels(&batch, st.next_row);
-                labels.inspect_err(rejected)?;
+                st.featurizer
+                    .check(&batch, st.next_row)
+                    .inspect_err(rejected)?;
                 let pieces = refresh.take(&batch, st.next_row, st.skip_below);
                 // A batch whose values the first version could not be fitted with.
                 let pieces = pieces.inspect_err(|e| {
