@@ -15,6 +15,8 @@ import pyarrow.flight as flight
 from .batch import HydrantError, steps
 
 _END = object()
+# Queued by ``close()`` for a consumer already waiting in ``next()`` on another thread.
+_CLOSED = object()
 
 # Reader threads still running, by pump. A daemon thread still inside pyarrow when the
 # interpreter finalizes is killed where it stands, and unwinding its C++ frames can abort
@@ -134,6 +136,9 @@ class RankReader:
         self._done = False
         # Closed before the stream ended: iterating on must not look like the epoch's end.
         self._closed = False
+        # The error the stream failed with: raised again on every later ``next()``, so
+        # that a retry loop over the same reader never takes the failure for the end.
+        self._failed: Optional[BaseException] = None
         self._pump = _Pump(open_stream, rank, start_step, read_ahead, prepare)
         self._thread = threading.Thread(
             target=self._pump.run, name=f"hydrant-rank-{rank}", daemon=True
@@ -145,24 +150,34 @@ class RankReader:
     def __iter__(self):
         return self
 
+    def _closed_error(self) -> HydrantError:
+        step = self._start + self.steps_read
+        return HydrantError(
+            f"rank {self.rank}'s reader was closed before the epoch's last step: read "
+            f"on with a new one from start_step={step}"
+        )
+
     def __next__(self):
+        if self._failed is not None:
+            raise self._failed
         if self._closed:
-            step = self._start + self.steps_read
-            raise HydrantError(
-                f"rank {self.rank}'s reader was closed before the epoch's last step: read "
-                f"on with a new one from start_step={step}"
-            )
+            raise self._closed_error()
         if self._done:
             raise StopIteration
         waited = time.perf_counter()
         item = self._pump.queue.get()
         self.stall_seconds += time.perf_counter() - waited
+        if item is _CLOSED:
+            if self._closed:
+                raise self._closed_error()
+            raise StopIteration
         if item is _END:
             self._done = True
             self._thread.join()
             raise StopIteration
         if isinstance(item, _Failed):
             self._done = True
+            self._failed = item.error
             raise item.error
         self.steps_read += 1
         return self._receive(item) if self._receive else item
@@ -173,6 +188,12 @@ class RankReader:
         self._closed = not self._done
         self._done = True
         self._pump.cancel()
+        # A consumer waiting in ``next()`` on another thread is woken (the pump queues
+        # nothing more once cancelled); a full queue has no one waiting on it.
+        try:
+            self._pump.queue.put_nowait(_CLOSED)
+        except queue.Full:
+            pass
         self._thread.join(timeout=10)
 
     def __enter__(self):

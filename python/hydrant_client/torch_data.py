@@ -151,12 +151,16 @@ class TorchDataset(_dataset_base()):
         self.uri, self.pipeline, self.token = uri, pipeline, token
         self.epoch, self.start_epoch, self.start_step = start_epoch, start_epoch, start_step
         self.device, self.read_ahead = device, read_ahead
-        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-        self.world_size = (
-            int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-        )
+        self.rank = _env_int("RANK", 0) if rank is None else rank
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         self.stall_seconds = 0.0
         self._reader = None
+
+    def __getstate__(self):
+        # A reader (its thread, its stream) belongs to the process that opened it.
+        state = self.__dict__.copy()
+        state["_reader"] = None
+        return state
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration reads."""
@@ -185,12 +189,40 @@ class TorchDataset(_dataset_base()):
             prepare=staging.prepare if staging else _tensors,
             receive=staging.receive if staging else None,
         )
+        if self._reader is not None:
+            self._reader.close()  # an earlier iteration left early: its stream ends here
         self._reader = reader
-        stalled = self.stall_seconds
+        return _Epoch(self, reader)
+
+
+class _Epoch:
+    """One epoch's iteration of a ``TorchDataset``. Not a generator: a generator that
+    raised (a cut stream, a Ctrl-C while it waited) is over, and iterating it on would end
+    the epoch early without a word; this one raises the reader's error again."""
+
+    def __init__(self, dataset: TorchDataset, reader):
+        self.dataset, self.reader = dataset, reader
+        self.stalled = dataset.stall_seconds
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
         try:
-            for item in reader:
-                self.stall_seconds = stalled + reader.stall_seconds
-                yield item
+            return next(self.reader)
         finally:
-            self.stall_seconds = stalled + reader.stall_seconds
-            reader.close()
+            self.dataset.stall_seconds = self.stalled + self.reader.stall_seconds
+
+
+def _env_int(name: str, default: int) -> int:
+    """Environment variable ``name`` (torchrun's ``RANK``, ``WORLD_SIZE``) as an int."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise HydrantError(
+            f"{name}={text!r} is not an integer (torchrun sets it; or pass "
+            f"{name.lower()}= to TorchDataset)"
+        ) from None

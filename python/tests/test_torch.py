@@ -41,6 +41,41 @@ def test_many_epochs_with_set_epoch_and_resume(serve):
     assert [i["step"] for i in resumed] == list(range(steps))
 
 
+def test_an_epoch_that_failed_is_not_ended_cleanly_by_iterating_on(data):
+    """Found by a hostile run: the epoch's iterator was a generator, so once a cut stream
+    (or a Ctrl-C while it waited) had raised out of it, iterating on ended the epoch
+    without a word (4 of 25 steps trained). Now it raises again. The dataset still
+    pickles once iterated (it held its reader's lock), and a ``RANK`` that is not a
+    number is named."""
+    import pickle
+
+    torch = need_torch()
+    path, state = data
+    s = Server("--pipeline", PIPELINE, "--input", path, "--state", state,
+               "--ranks", "1", "--batch-size", "100")
+    dataset = TorchDataset(s.uri, "criteo", rank=0, world_size=1)
+    it = iter(torch.utils.data.DataLoader(dataset, batch_size=None))
+    steps = [next(it)["step"] for _ in range(3)]
+    s.proc.kill()
+    s.proc.wait()
+    with pytest.raises(HydrantError) as cut:
+        while True:
+            steps.append(next(it)["step"])
+    for _ in range(2):
+        with pytest.raises(HydrantError) as again:
+            next(it)
+        assert str(again.value) == str(cut.value)
+    assert steps == list(range(len(steps))) and len(steps) < -(-ROWS // 100)
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert (copy.uri, copy.rank, copy.epoch) == (dataset.uri, 0, 0)
+    os.environ["RANK"] = ""
+    try:
+        with pytest.raises(HydrantError, match="RANK='' is not an integer"):
+            TorchDataset(s.uri, "criteo", world_size=1)
+    finally:
+        del os.environ["RANK"]
+
+
 def test_dataloader_workers_are_refused_with_a_clear_error(serve):
     torch = need_torch()
     s = serve("--ranks", "1", "--batch-size", "1000")
