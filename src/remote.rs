@@ -111,6 +111,7 @@ impl Remote {
             rank: rank as u32,
             world_size: self.world_size() as u32,
             start_step,
+            job: None,
         };
         let errors = ErrorSlot::default();
         let (feed, loader, actor) = loader::spawn(rank, self.config, errors.clone())?;

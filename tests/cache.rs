@@ -21,6 +21,7 @@ async fn epoch_of(
         rank,
         world_size: 2,
         start_step,
+        job: None,
     };
     let mut steps = client.steps(&ticket).await?;
     let mut out = Vec::new();

@@ -131,6 +131,7 @@ fn ticket(rank: u32, epoch: u64, start_step: u64) -> Ticket {
         rank,
         world_size: RANKS,
         start_step,
+        job: None,
     }
 }
 

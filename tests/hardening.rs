@@ -189,6 +189,24 @@ fn ranks_past_a_process_s_bound_are_refused_and_a_world_of_padding_is_warned() {
         out.status.success() && !stderr.contains("padding"),
         "{stderr}"
     );
+    // Every row dropped (found by a hostile run: trainers looped over empty epochs).
+    let drop = [
+        "--ranks",
+        "3",
+        "--batch-size",
+        "1000",
+        "--last-batch",
+        "drop",
+    ];
+    let out = hydrant(&run_of(&toml, Path::new(&input), &drop));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "warning: every epoch is empty: --last-batch drop drops all 2000 input rows, \
+             fewer than a step of --ranks 3 × --batch-size 1000 (3000 rows)"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]

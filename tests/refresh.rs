@@ -133,6 +133,7 @@ async fn read(uri: String, rank: u64, start: u64, until: u64) -> Vec<hydrant_fli
         rank: rank as u32,
         world_size: RANKS as u32,
         start_step: start,
+        job: None,
     };
     let mut steps = client.steps(&ticket).await.unwrap();
     let mut got = Vec::new();

@@ -30,6 +30,7 @@ fn ticket(world: u32, rank: u32, epoch: u64, start_step: u64) -> Ticket {
         rank,
         world_size: world,
         start_step,
+        job: None,
     }
 }
 

@@ -166,6 +166,7 @@ async fn both_ranks_read_over_tls_and_plaintext_or_untrusted_clients_are_refused
                 rank,
                 world_size: 2,
                 start_step: 0,
+                job: None,
             };
             let mut steps = client.steps(&t).await.unwrap();
             let mut rows = 0;

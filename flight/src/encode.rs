@@ -157,9 +157,14 @@ impl Encoder {
         }
     }
 
-    /// Queues `batch`'s messages, each record batch with `meta` as its `app_metadata`.
+    /// Queues `batch`'s messages, each record batch with `meta` as its `app_metadata`
+    /// (stamped with the job the end's metadata names).
     fn queue(&mut self, meta: &BatchMeta, batch: &RecordBatch) {
-        let metadata = Bytes::from(serde_json::to_vec(meta).unwrap_or_default());
+        let meta = BatchMeta {
+            job: self.end.job,
+            ..*meta
+        };
+        let metadata = Bytes::from(serde_json::to_vec(&meta).unwrap_or_default());
         let Some(ipc) = &mut self.ipc else { return };
         for piece in split(batch) {
             let encoded = ipc

@@ -35,6 +35,15 @@ pub struct BatchMeta {
     /// the stream ends with a batch of no rows whose metadata says `rows` 0 and `last`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub last: bool,
+    /// The served job's fingerprint ([`Served::job`]), as 16 hex digits: a trainer that
+    /// resumes names it in its ticket, so that a server restarted to serve another job
+    /// refuses it rather than place other rows at the steps it asks for.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::ticket::hex"
+    )]
+    pub job: Option<u64>,
 }
 
 /// Who pushed a batch: the producer a DoPut names (descriptor path `["ingest", pipeline,
@@ -137,6 +146,14 @@ pub trait Served: Send + Sync + 'static {
     fn open(&self, rank: u32, epoch: u64, start_step: u64) -> Result<RankStream, ServeError>;
     /// What `DoAction("status")` reports for it.
     fn status(&self) -> serde_json::Value;
+
+    /// A fingerprint of what decides which rows each (epoch, rank, step) holds and how
+    /// they are featurized (the input, the state, the ranks, batch size and last batch,
+    /// the shuffle and its seed, the plan's order), not of what may differ between two
+    /// runs of one job (epochs, where a run starts, workers). `None`: not checked.
+    fn job(&self) -> Option<u64> {
+        None
+    }
 
     /// Where `rank` is served, as a Flight location (`grpc://HOST:PORT`), when another
     /// server than this one serves it (a process of the same cluster); `None`: here.

@@ -219,6 +219,7 @@ impl FlightServer {
             state_version: p.state_version(),
             positions: None,
             last: true,
+            job: p.job(),
         };
         Ok(Encoder::new(p.schema(), batches, end))
     }
@@ -247,6 +248,7 @@ impl FlightServer {
                 rank,
                 world_size: p.world_size(),
                 start_step: 0,
+                job: None,
             };
             let mut endpoint =
                 FlightEndpoint::new().with_ticket(arrow_flight::Ticket::new(ticket.to_bytes()));
@@ -283,6 +285,19 @@ impl FlightServer {
                 "invalid ticket: `epoch` {} is out of range (serving {} epochs)",
                 t.epoch,
                 p.epochs()
+            )));
+        }
+        if let (Some(theirs), Some(ours)) = (t.job, p.job())
+            && theirs != ours
+        {
+            return Err(Status::failed_precondition(format!(
+                "this server serves another job of pipeline `{}` than the one this trainer \
+                 read (job {ours:016x}, where the trainer's batches said {theirs:016x}): it \
+                 was restarted with another input, state, --ranks, --batch-size, \
+                 --last-batch, --shuffle, --shuffle-window or --seed, so the steps asked for \
+                 would hold other rows. Restart it as before, or start the epoch over (a \
+                 ticket without `job`)",
+                p.name()
             )));
         }
         if t.start_step > p.steps() {

@@ -19,6 +19,35 @@ pub struct Ticket {
     /// The first step to deliver (to resume after the last finished one).
     #[serde(default)]
     pub start_step: u64,
+    /// The job the trainer read before (the `job` of its batches' metadata), 16 hex
+    /// digits: a server that serves another job refuses the ticket. Left out, any.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex")]
+    pub job: Option<u64>,
+}
+
+/// An optional `u64` as a string of 16 hex digits (JSON numbers past 2^53 are not read
+/// exactly everywhere).
+pub(crate) mod hex {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(job: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match job {
+            Some(j) => s.serialize_str(&format!("{j:016x}")),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        let text = Option::<String>::deserialize(d)?;
+        text.map(|t| {
+            let whole = t.len() == 16 && t.bytes().all(|b| b.is_ascii_hexdigit());
+            whole
+                .then(|| u64::from_str_radix(&t, 16).ok())
+                .flatten()
+                .ok_or_else(|| serde::de::Error::custom("expected 16 hex digits"))
+        })
+        .transpose()
+    }
 }
 
 /// Why a ticket was rejected; its message names the field.
@@ -67,6 +96,7 @@ mod tests {
             rank: 0,
             world_size: 1,
             start_step: 9,
+            job: None,
         };
         assert_eq!(Ticket::parse(&t.to_bytes()).unwrap(), t);
     }

@@ -64,11 +64,12 @@ def widths(uri: str, pipeline: str):
     return dense, columns
 
 
-def save(path: str, model, opt, epoch: int, step: int) -> None:
-    """Writes the checkpoint atomically: a crash leaves the old one or the new one."""
+def save(path: str, model, opt, epoch: int, step: int, job) -> None:
+    """Writes the checkpoint atomically: a crash leaves the old one or the new one. It
+    keeps the served job, so that a resume at a server serving another job is refused."""
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                "epoch": epoch, "step": step}, tmp)
+                "epoch": epoch, "step": step, "job": job}, tmp)
     os.replace(tmp, path)
 
 
@@ -94,18 +95,21 @@ def main():
     dense, columns = widths(args.uri, args.pipeline)
     module = Model(dense, columns)
     opt = torch.optim.Adam(module.parameters(), lr=args.lr)
-    start_epoch, start_step = 0, 0
+    start_epoch, start_step, job = 0, 0, None
     if args.resume and os.path.exists(args.checkpoint):
         ckpt = torch.load(args.checkpoint)
         module.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         start_epoch, start_step = ckpt["epoch"], ckpt["step"] + 1
+        job = ckpt.get("job")
         if rank == 0:
             print(f"resuming at epoch {start_epoch} step {start_step}", flush=True)
     model = DDP(module)  # broadcasts rank 0's parameters
 
     # RANK and WORLD_SIZE come from torchrun's environment.
-    data = TorchDataset(args.uri, args.pipeline, start_epoch=start_epoch, start_step=start_step)
+    data = TorchDataset(
+        args.uri, args.pipeline, start_epoch=start_epoch, start_step=start_step, job=job
+    )
     loader = DataLoader(data, batch_size=None)
     steps, sizes, rows, window, logged = 0, set(), {}, [], None
     stopped = False
@@ -133,7 +137,7 @@ def main():
             last_of_run = args.stop_after_step is not None and (epoch, step) == (
                 start_epoch, args.stop_after_step)
             if rank == 0 and (step % args.checkpoint_every == 0 or last_of_run):
-                save(args.checkpoint, model.module, opt, epoch, step)
+                save(args.checkpoint, model.module, opt, epoch, step, data.job)
                 if args.commit:
                     # Saved first: a restart delivers from the step after the checkpoint.
                     Client(args.uri).commit(args.pipeline, step + 1)
@@ -144,7 +148,7 @@ def main():
             break
         if rank == 0:
             # The epoch's end: a resume starts the next epoch at step 0.
-            save(args.checkpoint, model.module, opt, epoch + 1, -1)
+            save(args.checkpoint, model.module, opt, epoch + 1, -1, data.job)
 
     everyone = [None] * world
     dist.all_gather_object(everyone, {"steps": steps, "sizes": sorted(sizes), "rows": rows,

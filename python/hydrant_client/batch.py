@@ -55,6 +55,9 @@ class Batch:
     record_batch: pa.RecordBatch
     #: Every group's ``[B, width]`` view, by group name, in the pipeline's order.
     groups: dict
+    #: The served job's fingerprint (16 hex digits), which a resuming ticket names so
+    #: that a server restarted to serve another job refuses it; None from older servers.
+    job: Optional[str] = None
 
     def arrays(self) -> dict:
         """The arrays under the keys a trainer uses: ``dense``, ``ids``, ``label``,
@@ -175,6 +178,7 @@ def decode(rb: pa.RecordBatch, meta: dict) -> Batch:
         positions=tuple(meta["positions"]) if "positions" in meta else None,
         record_batch=rb,
         groups=groups,
+        job=meta.get("job"),
     )
 
 

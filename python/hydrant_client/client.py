@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import operator
 import time
-from typing import Tuple, Union
+from typing import Optional, Tuple, Union
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -35,6 +35,9 @@ class Client:
         # A cluster's other processes, by location, and each pipeline's rank locations.
         self._peers = {}
         self._locations = {}
+        # The job each pipeline's streams said they were of: later tickets name it, so
+        # that a server restarted to serve another job refuses them.
+        self._jobs = {}
         self._client = flight.FlightClient(uri, **kw)
         self._options = flight.FlightCallOptions()
         self._headers = []
@@ -194,20 +197,32 @@ class Client:
         return json.loads(b"".join(r.body.to_pybytes() for r in results))
 
     def ticket(
-        self, pipeline: str, rank: int, world_size: int, epoch: int = 0, start_step: int = 0
+        self,
+        pipeline: str,
+        rank: int,
+        world_size: int,
+        epoch: int = 0,
+        start_step: int = 0,
+        job: Optional[str] = None,
     ) -> flight.Ticket:
-        """The ticket of ``rank``'s stream of ``epoch`` from ``start_step``."""
-        return flight.Ticket(
-            json.dumps(
-                {
-                    "pipeline": _name("pipeline", pipeline),
-                    "epoch": _whole("epoch", epoch),
-                    "rank": _whole("rank", rank),
-                    "world_size": _whole("world_size", world_size),
-                    "start_step": _whole("start_step", start_step),
-                }
-            ).encode()
-        )
+        """The ticket of ``rank``'s stream of ``epoch`` from ``start_step``; with ``job``
+        (a batch's ``job``), only a server of that job serves it."""
+        ticket = {
+            "pipeline": _name("pipeline", pipeline),
+            "epoch": _whole("epoch", epoch),
+            "rank": _whole("rank", rank),
+            "world_size": _whole("world_size", world_size),
+            "start_step": _whole("start_step", start_step),
+        }
+        if job is not None:
+            ticket["job"] = job
+        return flight.Ticket(json.dumps(ticket).encode())
+
+    def job(self, pipeline: str) -> Optional[str]:
+        """The job this client's streams of ``pipeline`` said they were of (None before
+        the first batch): keep it with a checkpoint and give it to ``batches(job=)`` or
+        ``TorchDataset(job=)`` when resuming in a new process."""
+        return self._jobs.get(pipeline)
 
     def batches(
         self,
@@ -219,6 +234,7 @@ class Client:
         read_ahead: int = 2,
         prepare=None,
         receive=None,
+        job: Optional[str] = None,
     ) -> RankReader:
         """Rank ``rank``'s steps of ``epoch`` from ``start_step``, one ``Batch`` of exactly
         ``B`` rows per step, read ``read_ahead`` steps ahead on a background thread.
@@ -227,10 +243,15 @@ class Client:
         The iterator ends at the epoch's last step; a stream cut before it (a server that
         went away, a newer reader of the same rank) raises ``HydrantError`` saying where
         to resume. ``prepare`` and ``receive`` are hooks for staging (see ``RankReader``).
+        The ticket names ``job`` (by default, the job this client's earlier streams of
+        ``pipeline`` said they were of): a server restarted with another input, state,
+        batch size, shuffle or seed then refuses it (FAILED_PRECONDITION) rather than
+        hand a resumed trainer other rows at the steps it asks for.
         A rank that a process of a cluster serves is read from that process (the
         location ``GetFlightInfo`` names), whichever process this client connected to.
         """
-        ticket = self.ticket(pipeline, rank, world_size, epoch, start_step)
+        job = self._jobs.get(pipeline) if job is None else job
+        ticket = self.ticket(pipeline, rank, world_size, epoch, start_step, job)
         rank, start_step = _whole("rank", rank), _whole("start_step", start_step)
         serving = self._serving(pipeline, rank)
         client, options = serving._client, serving._options
@@ -241,6 +262,7 @@ class Client:
             read_ahead=read_ahead,
             prepare=prepare,
             receive=receive,
+            on_job=lambda said: self._jobs.setdefault(pipeline, said),
         )
 
 

@@ -48,11 +48,12 @@ class _Pump:
     """The reader thread's side: reads, decodes and queues. It holds no reference to the
     ``RankReader``, so dropping an abandoned reader stops its thread."""
 
-    def __init__(self, open_stream, rank, start_step, read_ahead, prepare):
+    def __init__(self, open_stream, rank, start_step, read_ahead, prepare, on_job=None):
         self.queue: queue.Queue = queue.Queue(maxsize=read_ahead)
         self.stop = threading.Event()
         self.stream = None
         self.open, self.rank, self.start, self.prepare = open_stream, rank, start_step, prepare
+        self.on_job, self.job = on_job, None
 
     def run(self) -> None:
         try:
@@ -68,6 +69,10 @@ class _Pump:
                 self.cancel()
                 return
             for batch in steps(_chunks(self.stream), self.rank, self.start):
+                if self.job is None and batch.job is not None:
+                    self.job = batch.job
+                    if self.on_job is not None:
+                        self.on_job(batch.job)
                 item = self.prepare(batch) if self.prepare else batch
                 if not self.put(item):
                     return
@@ -123,6 +128,7 @@ class RankReader:
         read_ahead: int = 2,
         prepare: Optional[Callable[[Any], Any]] = None,
         receive: Optional[Callable[[Any], Any]] = None,
+        on_job: Optional[Callable[[str], Any]] = None,
     ):
         if isinstance(read_ahead, bool) or not isinstance(read_ahead, int):
             raise TypeError(f"read_ahead must be an int, not {type(read_ahead).__name__}")
@@ -139,7 +145,7 @@ class RankReader:
         # The error the stream failed with: raised again on every later ``next()``, so
         # that a retry loop over the same reader never takes the failure for the end.
         self._failed: Optional[BaseException] = None
-        self._pump = _Pump(open_stream, rank, start_step, read_ahead, prepare)
+        self._pump = _Pump(open_stream, rank, start_step, read_ahead, prepare, on_job)
         self._thread = threading.Thread(
             target=self._pump.run, name=f"hydrant-rank-{rank}", daemon=True
         )
@@ -181,6 +187,12 @@ class RankReader:
             raise item.error
         self.steps_read += 1
         return self._receive(item) if self._receive else item
+
+    @property
+    def job(self) -> Optional[str]:
+        """The job the stream said it was of (see ``Batch.job``); None before its first
+        step."""
+        return self._pump.job
 
     def close(self) -> None:
         """Cancels the stream and stops the reader thread. Iterating a reader closed

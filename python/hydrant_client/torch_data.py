@@ -132,7 +132,9 @@ class TorchDataset(_dataset_base()):
     Rank and world size default to torchrun's ``RANK`` and ``WORLD_SIZE``. Call
     ``set_epoch(e)`` before each epoch (as with ``DistributedSampler``). To resume from a
     checkpoint taken after step ``S`` of epoch ``E``, pass ``start_epoch=E,
-    start_step=S + 1``: that epoch starts there, later ones from step 0. With a CUDA
+    start_step=S + 1``: that epoch starts there, later ones from step 0 (keep
+    ``dataset.job`` with the checkpoint and pass it as ``job=``: a server restarted to
+    serve another job then refuses the resume, rather than give other rows). With a CUDA
     ``device`` the tensors arrive on it through ``CudaStaging``.
     """
 
@@ -147,8 +149,11 @@ class TorchDataset(_dataset_base()):
         read_ahead: int = 2,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        job: Optional[str] = None,
     ):
         self.uri, self.pipeline, self.token = uri, pipeline, token
+        # The job read so far (or given, from a checkpoint): every later stream names it.
+        self.job = job
         self.epoch, self.start_epoch, self.start_step = start_epoch, start_epoch, start_step
         self.device, self.read_ahead = device, read_ahead
         self.rank = _env_int("RANK", 0) if rank is None else rank
@@ -188,6 +193,7 @@ class TorchDataset(_dataset_base()):
             read_ahead=self.read_ahead,
             prepare=staging.prepare if staging else _tensors,
             receive=staging.receive if staging else None,
+            job=self.job,
         )
         if self._reader is not None:
             self._reader.close()  # an earlier iteration left early: its stream ends here
@@ -212,6 +218,8 @@ class _Epoch:
             return next(self.reader)
         finally:
             self.dataset.stall_seconds = self.stalled + self.reader.stall_seconds
+            if self.dataset.job is None:
+                self.dataset.job = self.reader.job
 
 
 def _env_int(name: str, default: int) -> int:

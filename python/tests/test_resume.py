@@ -85,3 +85,64 @@ def test_twenty_sigkilled_trainers_resume_exactly_once(serve):
         assert steps == list(range(n)), f"rank {r}: {steps}"
     ids = sorted(out[0][1] + out[1][1])
     assert ids == list(range(ROWS))
+
+
+def test_a_resume_at_a_server_restarted_for_another_job_is_refused(data):
+    """Found by a hostile run: a server restarted with another --seed (or batch size, or
+    without --shuffle) took a resuming trainer's ticket and served other rows at the
+    steps it asked for: 50,068 of 200,000 rows were then read twice and as many never.
+    Batches say which job they are of; a client names it in its later tickets (and a
+    checkpoint can keep it), and a server of another job refuses them."""
+    import socket
+
+    import pytest
+    from conftest import BIN, PIPELINE
+    from hydrant_client import Client, HydrantError
+
+    path, state = data
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def start(*options):
+        proc = subprocess.Popen(
+            [str(BIN), "serve", "--listen", f"127.0.0.1:{port}", "--pipeline", str(PIPELINE),
+             "--input", str(path), "--state", str(state), "--ranks", "1",
+             "--batch-size", "100", "--shuffle", *options],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert proc.stdout.readline(), proc.stderr.read()
+        return proc
+
+    server = start("--seed", "1")
+    client = Client(f"grpc://127.0.0.1:{port}")
+    try:
+        reader = client.batches("criteo", 0, 1)
+        first = [next(reader) for _ in range(3)]
+        reader.close()
+        job = first[0].job
+        assert len(job) == 16 and all(b.job == job for b in first)
+        assert client.job("criteo") == job
+        server.kill()
+        server.wait()
+        # The same job again (more epochs is the same job): the resume is served.
+        server = start("--seed", "1", "--epochs", "2")
+        resumed = client.batches("criteo", 0, 1, start_step=3)
+        assert next(resumed).step == 3
+        resumed.close()
+        server.kill()
+        server.wait()
+        server = start("--seed", "2")
+        with pytest.raises(HydrantError, match="FAILED_PRECONDITION.*another job.*--seed"):
+            next(iter(client.batches("criteo", 0, 1, start_step=3)))
+        # A new client (a trainer restarted from a checkpoint) given the job: the same.
+        other = Client(f"grpc://127.0.0.1:{port}")
+        with pytest.raises(HydrantError, match="another job"):
+            next(iter(other.batches("criteo", 0, 1, start_step=3, job=job)))
+        # Without one, the epoch is read as this server places it.
+        assert next(iter(other.batches("criteo", 0, 1))).job != job
+        with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*16 hex digits"):
+            next(iter(other.batches("criteo", 0, 1, job="not-a-job")))
+    finally:
+        server.kill()
+        server.wait()

@@ -1,5 +1,6 @@
 """TorchDataset and the DDP example (torchrun, two ranks) against the real server."""
 
+import gc
 import json
 import os
 import subprocess
@@ -74,10 +75,15 @@ def test_an_epoch_that_failed_is_not_ended_cleanly_by_iterating_on(data):
             TorchDataset(s.uri, "criteo", world_size=1)
     finally:
         del os.environ["RANK"]
+    # The client's channel to the killed server would linger (gRPC reconnecting on its
+    # threads) into a later test's fork of DataLoader workers, which could then hang.
+    del it, dataset, copy, cut, again
+    gc.collect()
 
 
 def test_dataloader_workers_are_refused_with_a_clear_error(serve):
     torch = need_torch()
+    gc.collect()  # no channel of an earlier test's client is alive across the fork
     s = serve("--ranks", "1", "--batch-size", "1000")
     data = TorchDataset(s.uri, "criteo", rank=0, world_size=1)
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2)

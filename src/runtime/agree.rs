@@ -16,21 +16,41 @@ use crate::delivery::Delivery;
 use crate::error::{Error, Result};
 use crate::source::Inputs;
 
+/// The options of [`describe`] that may differ between two runs of one job: where a run
+/// starts and ends, and how many threads it takes.
+const RUN_OPTIONS: [&str; 4] = ["--epochs", "--start-epoch", "--start-step", "--workers"];
+
+/// A fingerprint of the job `inputs` (`None`: pushed or followed input), `plan`, `state`
+/// and `delivery` make: every option [`describe`] compares but those of one run
+/// ([`RUN_OPTIONS`]). Two servers of one job give the same, in any process of a build;
+/// a trainer that resumes names it (see `Served::job`).
+pub fn job_fingerprint(
+    (inputs, plan, state, delivery): (
+        Option<&Inputs>,
+        &FeaturePlan,
+        Option<&FittedState>,
+        &Delivery,
+    ),
+) -> u64 {
+    let mut hash = std::collections::hash_map::DefaultHasher::new();
+    describe((inputs, plan, state, delivery), 0)
+        .iter()
+        .filter(|(what, _)| !RUN_OPTIONS.contains(what))
+        .for_each(|entry| entry.hash(&mut hash));
+    hash.finish()
+}
+
 /// What a process runs, option by option: `(what, value)`.
 fn describe(
-    (inputs, plan, state, d): (&Inputs, &FeaturePlan, Option<&FittedState>, &Delivery),
-    cluster: &Cluster,
+    (inputs, plan, state, d): (
+        Option<&Inputs>,
+        &FeaturePlan,
+        Option<&FittedState>,
+        &Delivery,
+    ),
+    workers: usize,
 ) -> Vec<(&'static str, String)> {
     let p = d.plan.placement();
-    let units = inputs.units();
-    // The units' rows and the files' bytes, not their paths: the same files may be
-    // mounted elsewhere on another machine. Rows alone took other data of the same shape
-    // (another seed of the same generator, a stale copy) as the same input, and its rows
-    // were delivered mixed with the others'. `DefaultHasher::new()` hashes alike in every
-    // process of a build.
-    let mut sizes = std::collections::hash_map::DefaultHasher::new();
-    units.iter().for_each(|u| u.rows.hash(&mut sizes));
-    inputs.file_bytes().for_each(|b| b.hash(&mut sizes));
     let columns: Vec<String> = plan
         .output_schema()
         .fields()
@@ -41,13 +61,7 @@ fn describe(
         ("pipeline output", columns.join(",")),
         (
             "input",
-            format!(
-                "{} rows in {} units of {} bytes ({:016x})",
-                d.plan.rows(),
-                units.len(),
-                inputs.file_bytes().sum::<u64>(),
-                sizes.finish()
-            ),
+            inputs.map_or("pushed or followed".into(), describe_input),
         ),
         (
             "state",
@@ -67,15 +81,39 @@ fn describe(
         ("--epochs", d.epochs.to_string()),
         ("--start-epoch", d.start_epoch.to_string()),
         ("--start-step", d.start_step.to_string()),
-        ("--workers", cluster.workers.to_string()),
+        ("--workers", workers.to_string()),
     ]
+}
+
+/// The input's units' rows and files' bytes, not their paths: the same files may be
+/// mounted elsewhere on another machine. Rows alone took other data of the same shape
+/// (another seed of the same generator, a stale copy) as the same input, and its rows
+/// were delivered mixed with the others'. `DefaultHasher::new()` hashes alike in every
+/// process of a build.
+fn describe_input(inputs: &Inputs) -> String {
+    let units = inputs.units();
+    let mut sizes = std::collections::hash_map::DefaultHasher::new();
+    units.iter().for_each(|u| u.rows.hash(&mut sizes));
+    inputs.file_bytes().for_each(|b| b.hash(&mut sizes));
+    format!(
+        "{} rows in {} units of {} bytes ({:016x})",
+        units.iter().map(|u| u.rows).sum::<u64>(),
+        units.len(),
+        inputs.file_bytes().sum::<u64>(),
+        sizes.finish()
+    )
 }
 
 /// Fails, naming the first option that differs, unless every process of `cluster` runs
 /// the same `job`.
 pub(super) fn same_job(job: &Job, cluster: &Cluster) -> Result<()> {
-    let job = (&*job.inputs, &*job.plan, job.state.as_ref(), &job.delivery);
-    agree(cluster, describe(job, cluster), String::new()).map(|_| ())
+    let job = (
+        Some(&*job.inputs),
+        &*job.plan,
+        job.state.as_ref(),
+        &job.delivery,
+    );
+    agree(cluster, describe(job, cluster.workers), String::new()).map(|_| ())
 }
 
 /// Fails, naming the first option that differs, unless every process of `cluster` serves
@@ -88,7 +126,7 @@ pub fn same_served(
     serving: Vec<(&'static str, String)>,
     own: String,
 ) -> Result<Vec<String>> {
-    let mut mine = describe((inputs, plan, Some(state), delivery), cluster);
+    let mut mine = describe((Some(inputs), plan, Some(state), delivery), cluster.workers);
     mine.extend(serving);
     agree(cluster, mine, own)
 }

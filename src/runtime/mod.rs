@@ -14,7 +14,7 @@ mod held;
 mod read;
 mod stream;
 
-pub use agree::same_served;
+pub use agree::{job_fingerprint, same_served};
 pub use cluster::{Cluster, JOIN_TIMEOUT, Started};
 pub use dataflow::{Channels, Job, OpenQueue, Output, RankQueue, Report, execute};
 pub use gather::gather;

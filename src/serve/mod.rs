@@ -505,6 +505,16 @@ impl Served for ServedPipeline {
         known.map_or(self.state.version, |k| lock(k).in_effect)
     }
 
+    fn job(&self) -> Option<u64> {
+        let job = (self.inputs.as_deref(), &*self.plan, Some(&self.state));
+        Some(crate::runtime::job_fingerprint((
+            job.0,
+            job.1,
+            job.2,
+            &self.delivery,
+        )))
+    }
+
     fn epochs(&self) -> u64 {
         self.delivery.epochs
     }

@@ -377,5 +377,7 @@ fn meta(rb: &RankBatch) -> BatchMeta {
         state_version: rb.meta.state_version,
         positions: rb.meta.positions,
         last: false,
+        // Stamped by the encoder, for every stream of the pipeline.
+        job: None,
     }
 }

@@ -51,6 +51,7 @@ pub fn ticket(rank: usize, start: u64) -> hydrant_flight::Ticket {
         rank: rank as u32,
         world_size: RANKS as u32,
         start_step: start,
+        job: None,
     }
 }
 

@@ -97,6 +97,7 @@ pub fn ticket(start_step: u64) -> hydrant_flight::Ticket {
         rank: 0,
         world_size: 1,
         start_step,
+        job: None,
     }
 }
 

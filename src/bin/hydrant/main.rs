@@ -449,8 +449,21 @@ fn prepare(
 
 /// Warns, on one line, where most of what each epoch delivers would be padding: the
 /// ranks' steps together are far larger than the input (`--ranks 100000` over 50,000
-/// rows pads every epoch to 409,600,000), which the user most likely did not mean.
+/// rows pads every epoch to 409,600,000), which the user most likely did not mean; or
+/// where no step is left at all (`--last-batch drop` of an input under one step).
 pub(crate) fn warn_padding(plan: &hydrant::EpochPlan) {
+    if plan.steps() == 0 && plan.rows() > 0 {
+        // Found by a hostile run: trainers looped over empty epochs without a word.
+        hydrant::operators::log_line!(
+            "hydrant: warning: every epoch is empty: --last-batch drop drops all {} input \
+             rows, fewer than a step of --ranks {} × --batch-size {} ({} rows): lower \
+             --batch-size, or use --last-batch pad",
+            plan.rows(),
+            plan.world_size(),
+            plan.batch_size(),
+            plan.step_rows()
+        );
+    }
     let (padded, delivered) = (plan.padded_rows(), plan.delivered_rows());
     if padded > delivered.max(PADDING_WARN_ROWS) {
         hydrant::operators::log_line!(
