@@ -21,9 +21,9 @@ use crate::source::Inputs;
 const RUN_OPTIONS: [&str; 4] = ["--epochs", "--start-epoch", "--start-step", "--workers"];
 
 /// A fingerprint of the job `inputs` (`None`: pushed or followed input), `plan`, `state`
-/// and `delivery` make: every option [`describe`] compares but those of one run
-/// ([`RUN_OPTIONS`]). Two servers of one job give the same, in any process of a build;
-/// a trainer that resumes names it (see `Served::job`).
+/// and `delivery` make: every option a cluster's processes compare but those of one run
+/// (epochs, where it starts, workers). Two servers of one job give the same, in any
+/// process of a build; a trainer that resumes names it (see `Served::job`).
 pub fn job_fingerprint(
     (inputs, plan, state, delivery): (
         Option<&Inputs>,
