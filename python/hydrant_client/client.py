@@ -35,8 +35,8 @@ class Client:
         # A cluster's other processes, by location, and each pipeline's rank locations.
         self._peers = {}
         self._locations = {}
-        # The job each pipeline's streams said they were of: later tickets name it, so
-        # that a server restarted to serve another job refuses them.
+        # The job each pipeline's latest stream said it was of: a ticket that resumes
+        # mid-epoch names it, so that a server restarted to serve another job refuses it.
         self._jobs = {}
         self._client = flight.FlightClient(uri, **kw)
         self._options = flight.FlightCallOptions()
@@ -219,9 +219,9 @@ class Client:
         return flight.Ticket(json.dumps(ticket).encode())
 
     def job(self, pipeline: str) -> Optional[str]:
-        """The job this client's streams of ``pipeline`` said they were of (None before
-        the first batch): keep it with a checkpoint and give it to ``batches(job=)`` or
-        ``TorchDataset(job=)`` when resuming in a new process."""
+        """The job this client's latest stream of ``pipeline`` said it was of (None
+        before the first batch): keep it with a checkpoint and give it to
+        ``batches(job=)`` or ``TorchDataset(job=)`` when resuming in a new process."""
         return self._jobs.get(pipeline)
 
     def batches(
@@ -243,14 +243,16 @@ class Client:
         The iterator ends at the epoch's last step; a stream cut before it (a server that
         went away, a newer reader of the same rank) raises ``HydrantError`` saying where
         to resume. ``prepare`` and ``receive`` are hooks for staging (see ``RankReader``).
-        The ticket names ``job`` (by default, the job this client's earlier streams of
-        ``pipeline`` said they were of): a server restarted with another input, state,
-        batch size, shuffle or seed then refuses it (FAILED_PRECONDITION) rather than
-        hand a resumed trainer other rows at the steps it asks for.
+        A resume mid-epoch (``start_step`` > 0) names ``job`` in its ticket (by default,
+        the job this client's latest stream of ``pipeline`` said it was of): a server
+        restarted with another input, state, batch size, shuffle or seed then refuses it
+        (FAILED_PRECONDITION) rather than hand the trainer other rows at the steps it asks
+        for. An epoch read from its first step is read whole, from whichever job.
         A rank that a process of a cluster serves is read from that process (the
         location ``GetFlightInfo`` names), whichever process this client connected to.
         """
-        job = self._jobs.get(pipeline) if job is None else job
+        if job is None and start_step != 0:
+            job = self._jobs.get(pipeline)
         ticket = self.ticket(pipeline, rank, world_size, epoch, start_step, job)
         rank, start_step = _whole("rank", rank), _whole("start_step", start_step)
         serving = self._serving(pipeline, rank)
@@ -262,7 +264,7 @@ class Client:
             read_ahead=read_ahead,
             prepare=prepare,
             receive=receive,
-            on_job=lambda said: self._jobs.setdefault(pipeline, said),
+            on_job=lambda said: self._jobs.__setitem__(pipeline, said),
         )
 
 

@@ -152,7 +152,7 @@ class TorchDataset(_dataset_base()):
         job: Optional[str] = None,
     ):
         self.uri, self.pipeline, self.token = uri, pipeline, token
-        # The job read so far (or given, from a checkpoint): every later stream names it.
+        # The job read last (or given, from a checkpoint): a resume mid-epoch names it.
         self.job = job
         self.epoch, self.start_epoch, self.start_step = start_epoch, start_epoch, start_step
         self.device, self.read_ahead = device, read_ahead
@@ -193,7 +193,7 @@ class TorchDataset(_dataset_base()):
             read_ahead=self.read_ahead,
             prepare=staging.prepare if staging else _tensors,
             receive=staging.receive if staging else None,
-            job=self.job,
+            job=self.job if start else None,
         )
         if self._reader is not None:
             self._reader.close()  # an earlier iteration left early: its stream ends here
@@ -218,8 +218,7 @@ class _Epoch:
             return next(self.reader)
         finally:
             self.dataset.stall_seconds = self.stalled + self.reader.stall_seconds
-            if self.dataset.job is None:
-                self.dataset.job = self.reader.job
+            self.dataset.job = self.reader.job or self.dataset.job
 
 
 def _env_int(name: str, default: int) -> int:

@@ -139,8 +139,13 @@ def test_a_resume_at_a_server_restarted_for_another_job_is_refused(data):
         other = Client(f"grpc://127.0.0.1:{port}")
         with pytest.raises(HydrantError, match="another job"):
             next(iter(other.batches("criteo", 0, 1, start_step=3, job=job)))
-        # Without one, the epoch is read as this server places it.
+        # Without one, the epoch is read as this server places it; an epoch read from its
+        # first step names no job, and a resume then names the job read last.
         assert next(iter(other.batches("criteo", 0, 1))).job != job
+        fresh = client.batches("criteo", 0, 1)
+        assert next(fresh).job != job and client.job("criteo") != job
+        fresh.close()
+        assert next(iter(client.batches("criteo", 0, 1, start_step=3))).step == 3
         with pytest.raises(HydrantError, match="INVALID_ARGUMENT.*16 hex digits"):
             next(iter(other.batches("criteo", 0, 1, job="not-a-job")))
     finally:

@@ -106,6 +106,9 @@ pub struct ServedPipeline {
     read_rows: usize,
     /// What `status` reports of a followed folder.
     follow: Option<Arc<FollowCounts>>,
+    /// The job's fingerprint ([`Served::job`]), made at the first DoGet: what it is made
+    /// of is fixed by then.
+    job: std::sync::OnceLock<u64>,
 }
 
 impl ServedPipeline {
@@ -348,6 +351,7 @@ impl ServedPipeline {
             featurized: Default::default(),
             read_rows: 0,
             follow: None,
+            job: std::sync::OnceLock::new(),
             name: name.to_string(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: Some(inputs),
@@ -410,6 +414,7 @@ impl ServedPipeline {
             // Smaller than a file pipeline's reads: a new file's first rows go out sooner.
             read_rows: spec.batch_rows.min(FOLLOW_READ_ROWS),
             follow: None,
+            job: std::sync::OnceLock::new(),
             name: spec.name.clone(),
             schema: delivery_schema(&plan.output_schema()),
             inputs: None,
@@ -506,13 +511,11 @@ impl Served for ServedPipeline {
     }
 
     fn job(&self) -> Option<u64> {
-        let job = (self.inputs.as_deref(), &*self.plan, Some(&self.state));
-        Some(crate::runtime::job_fingerprint((
-            job.0,
-            job.1,
-            job.2,
-            &self.delivery,
-        )))
+        Some(*self.job.get_or_init(|| {
+            let inputs = self.inputs.as_deref();
+            let job = (inputs, &*self.plan, Some(&self.state), &self.delivery);
+            crate::runtime::job_fingerprint(job)
+        }))
     }
 
     fn epochs(&self) -> u64 {
