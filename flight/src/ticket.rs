@@ -99,6 +99,15 @@ mod tests {
             job: None,
         };
         assert_eq!(Ticket::parse(&t.to_bytes()).unwrap(), t);
+        let with_job = Ticket {
+            job: Some(0xab),
+            ..t
+        };
+        let bytes = with_job.to_bytes();
+        assert!(String::from_utf8_lossy(&bytes).contains(r#""job":"00000000000000ab""#));
+        assert_eq!(Ticket::parse(&bytes).unwrap(), with_job);
+        let upper = br#"{"pipeline":"p","rank":0,"world_size":1,"job":"00000000000000AB"}"#;
+        assert_eq!(Ticket::parse(upper).unwrap().job, Some(0xab));
     }
 
     #[test]
@@ -120,6 +129,18 @@ mod tests {
             ),
             (br#"{"pipeline":"p","rank":0,"world_size":0}"#, "world_size"),
             (br#"{"pipeline":"p","rank":3,"world_size":2}"#, "rank"),
+            (
+                br#"{"pipeline":"p","rank":0,"world_size":1,"job":"12ab"}"#,
+                "`job`: expected 16 hex digits",
+            ),
+            (
+                br#"{"pipeline":"p","rank":0,"world_size":1,"job":"+0000000000000ff"}"#,
+                "`job`: expected 16 hex digits",
+            ),
+            (
+                br#"{"pipeline":"p","rank":0,"world_size":1,"job":255}"#,
+                "`job`: ",
+            ),
         ] {
             let err = Ticket::parse(bytes).unwrap_err().to_string();
             assert!(err.contains(needle), "{needle}: {err}");
