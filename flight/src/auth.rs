@@ -16,6 +16,9 @@ use base64::engine::general_purpose::STANDARD;
 use constant_time_eq::constant_time_eq;
 use rand::RngExt;
 
+mod failures;
+use failures::{Counted, Failures, MAX_PEERS, counted_as};
+
 /// Why a token file cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[error("token file {path}: {reason}")]
@@ -75,9 +78,6 @@ const MAX_TOKENS: usize = 16 * MAX_USER_TOKENS;
 pub const MAX_FAILURES: u32 = 5;
 /// The window failed logins are counted over, and how long a peer is then refused.
 pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
-/// Peers whose failures are remembered at most; past it, the failures of every peer not
-/// remembered are counted together (see [`Failures`]).
-const MAX_PEERS: usize = 4096;
 /// How long a token lives unless told otherwise.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The longest a token may live: a year (a longer one is cut to this; `--token-ttl`
@@ -159,89 +159,6 @@ impl Tokens {
             .or_default()
             .push_back(token.clone());
         self.by_token.insert(token, Issued { user, expires });
-    }
-}
-
-/// Failed logins: per peer (an IPv6 peer by its /64, the block one host is given), and,
-/// once [`MAX_PEERS`] peers are remembered, for all other peers together, so that failures
-/// spread over more addresses than that are still counted (those peers are then refused
-/// together, rather than not at all).
-struct Failures {
-    by_peer: HashMap<IpAddr, (u32, Instant)>,
-    others: (u32, Instant),
-}
-
-impl Default for Failures {
-    fn default() -> Self {
-        Failures {
-            by_peer: HashMap::new(),
-            others: (0, Instant::now()),
-        }
-    }
-}
-
-impl Failures {
-    /// `peer`'s count, if it has one: its own (`true`), or the others' when it has none
-    /// and the table is full (`false`).
-    fn get(&self, peer: IpAddr) -> Option<((u32, Instant), bool)> {
-        match self.by_peer.get(&peer) {
-            Some(&count) => Some((count, true)),
-            None => (self.by_peer.len() >= MAX_PEERS).then_some((self.others, false)),
-        }
-    }
-
-    /// Where a failure of `peer` is counted: its own count (made if new), or the others'
-    /// when it has none and the table is full. Only failures take a place in the table.
-    fn place(&self, peer: IpAddr) -> Counted {
-        match self.by_peer.len() >= MAX_PEERS && !self.by_peer.contains_key(&peer) {
-            true => Counted::Others,
-            false => Counted::Own(peer),
-        }
-    }
-
-    /// The count `counted` names (a peer's own is made at `now` if new).
-    fn of(&mut self, counted: Counted, now: Instant) -> &mut (u32, Instant) {
-        match counted {
-            Counted::Others => &mut self.others,
-            Counted::Own(peer) => self.by_peer.entry(peer).or_insert((0, now)),
-        }
-    }
-
-    /// Takes back a login counted as failed that succeeded: a peer whose count falls to
-    /// zero gives up its place, so only failures keep one.
-    fn take_back(&mut self, counted: Counted) {
-        match counted {
-            Counted::Others => self.others.0 = self.others.0.saturating_sub(1),
-            Counted::Own(peer) => {
-                if let Some((n, _)) = self.by_peer.get_mut(&peer) {
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        self.by_peer.remove(&peer);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Where a login was counted: a peer's own count, or the others' (see [`Failures`]).
-#[derive(Clone, Copy)]
-enum Counted {
-    Own(IpAddr),
-    Others,
-}
-
-/// The address failures are counted by: an IPv4 address (one mapped into IPv6 too), or
-/// an IPv6 address's /64.
-fn counted_as(peer: IpAddr) -> IpAddr {
-    match peer {
-        IpAddr::V4(_) => peer,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(std::net::Ipv6Addr::from_bits(
-                v6.to_bits() & !u128::from(u64::MAX),
-            )),
-        },
     }
 }
 
