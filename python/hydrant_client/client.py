@@ -22,6 +22,13 @@ class Client:
     For a server started with ``--tls-cert``, use a ``grpc+tls://`` uri and give
     ``tls_root_certs``, the PEM bytes of the authority that signed its certificate
     (the system's roots when left out).
+
+    A token expires (``--token-ttl``) and a restarted server knows none it gave
+    before: a call it refuses as UNAUTHENTICATED logs in again once and is retried.
+    ``keepalive`` is in seconds: after that long without a word from the server during
+    a call, the client pings it, and a server that does not answer within as long again
+    (a frozen process, a cut network) fails the call as UNAVAILABLE, so that a
+    trainer is told rather than left waiting forever. ``None`` sends no pings.
     """
 
     def __init__(
@@ -29,36 +36,53 @@ class Client:
         uri: str,
         token: Union[None, Tuple[str, str]] = None,
         tls_root_certs: Union[None, bytes] = None,
+        keepalive: Optional[float] = 30.0,
     ):
-        kw = {} if tls_root_certs is None else {"tls_root_certs": tls_root_certs}
         self._uri, self._token, self._tls_root_certs = uri, token, tls_root_certs
+        self._keepalive = keepalive
         # A cluster's other processes, by location, and each pipeline's rank locations.
         self._peers = {}
         self._locations = {}
         # The job each pipeline's latest stream said it was of: a ticket that resumes
         # mid-epoch names it, so that a server restarted to serve another job refuses it.
         self._jobs = {}
-        self._client = flight.FlightClient(uri, **kw)
+        kw = {} if tls_root_certs is None else {"tls_root_certs": tls_root_certs}
+        self._client = flight.FlightClient(uri, generic_options=_keepalive(keepalive), **kw)
         self._options = flight.FlightCallOptions()
         self._headers = []
         if token is not None:
-            user, password = token
-            try:
-                header = self._client.authenticate_basic_token(user, password)
-            # pyarrow raises some statuses (RESOURCE_EXHAUSTED) as ArrowInvalid, not
-            # FlightError.
-            except (flight.FlightError, pa.ArrowException) as e:
-                why = self._why_unreachable(e)
-                raise HydrantError(str(why)) from why
-            if not header[0]:
-                # A server without --token-file answers the handshake with no token: an
-                # empty header would fail every later call as INTERNAL "Invalid metadata".
-                raise HydrantError(
-                    f"{uri} takes no credentials (its server was started without "
-                    "--token-file): connect without token="
-                )
-            self._headers = [header]
-            self._options = flight.FlightCallOptions(headers=self._headers)
+            self._login()
+
+    def _login(self) -> None:
+        """The Basic handshake: the bearer token it returns goes on every later call."""
+        user, password = self._token
+        try:
+            header = self._client.authenticate_basic_token(user, password)
+        # pyarrow raises some statuses (RESOURCE_EXHAUSTED) as ArrowInvalid, not
+        # FlightError.
+        except (flight.FlightError, pa.ArrowException) as e:
+            why = self._why_unreachable(e)
+            raise HydrantError(str(why)) from why
+        if not header[0]:
+            # A server without --token-file answers the handshake with no token: an
+            # empty header would fail every later call as INTERNAL "Invalid metadata".
+            raise HydrantError(
+                f"{self._uri} takes no credentials (its server was started without "
+                "--token-file): connect without token="
+            )
+        self._headers = [header]
+        self._options = flight.FlightCallOptions(headers=self._headers)
+
+    def _call(self, call):
+        """``call(options)``, logged in again once when the server no longer knows this
+        client's token (it expired after ``--token-ttl``, or the server restarted)."""
+        try:
+            return call(self._options)
+        except (flight.FlightError, OSError) as e:
+            if self._token is None or not _unauthenticated(e):
+                raise
+        self._login()
+        return call(self._options)
 
     def _why_unreachable(self, error: Exception) -> Exception:
         """What a failed handshake was: pyarrow reports a server that is not there (or
@@ -86,6 +110,10 @@ class Client:
             try:
                 list(self._client.list_flights(options=options))
                 return
+            except flight.FlightUnauthenticatedError as e:
+                if self._token is None:
+                    raise HydrantError(str(e)) from e
+                self._login()  # a restarted server knows no token it gave before
             except (flight.FlightUnavailableError, flight.FlightTimedOutError) as e:
                 if time.monotonic() >= deadline:
                     raise HydrantError(f"{self._uri} not ready after {timeout} s: {e}") from e
@@ -96,9 +124,9 @@ class Client:
     def endpoints(self, pipeline: str) -> list:
         """The tickets of every rank of ``pipeline`` (epoch 0), in rank order, as dicts."""
         try:
-            info = self._client.get_flight_info(
-                flight.FlightDescriptor.for_path(pipeline), self._options
-            )
+            info = self._call(lambda o: self._client.get_flight_info(
+                flight.FlightDescriptor.for_path(pipeline), o
+            ))
         except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
         return [json.loads(ep.ticket.ticket) for ep in info.endpoints]
@@ -108,9 +136,9 @@ class Client:
         when a cluster's process serves it (each process serves its own ranks), ``None``
         when this server does."""
         try:
-            info = self._client.get_flight_info(
-                flight.FlightDescriptor.for_path(pipeline), self._options
-            )
+            info = self._call(lambda o: self._client.get_flight_info(
+                flight.FlightDescriptor.for_path(pipeline), o
+            ))
         except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
         return [_uri(ep.locations[0]) if ep.locations else None for ep in info.endpoints]
@@ -125,22 +153,25 @@ class Client:
         if location is None or location == self._uri:
             return self
         if location not in self._peers:
-            self._peers[location] = Client(location, self._token, self._tls_root_certs)
+            self._peers[location] = Client(location, self._token, self._tls_root_certs,
+                                           self._keepalive)
         return self._peers[location]
 
     def schema(self, pipeline: str) -> pa.Schema:
         """The schema of the pipeline's batches."""
         try:
-            return self._client.get_schema(
-                flight.FlightDescriptor.for_path(pipeline), self._options
-            ).schema
-        except (flight.FlightError, pa.ArrowException) as e:
+            return self._call(lambda o: self._client.get_schema(
+                flight.FlightDescriptor.for_path(pipeline), o
+            )).schema
+        # pyarrow raises this call's statuses as plain Arrow errors (OSError), not Flight's.
+        except (flight.FlightError, pa.ArrowException, OSError) as e:
             raise HydrantError(str(e)) from e
 
     def status(self) -> dict:
         """The server's ``status`` action."""
         try:
-            results = list(self._client.do_action(flight.Action("status", b""), self._options))
+            results = self._call(lambda o: list(
+                self._client.do_action(flight.Action("status", b""), o)))
         except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
         return json.loads(results[0].body.to_pybytes())
@@ -158,15 +189,22 @@ class Client:
         batches admitted before the failure."""
         if producer is not None:
             _name("producer", producer)
-        return _push(self._client, self._options, _name("pipeline", pipeline), data, producer,
-                     _whole("first_seq", first_seq))
+        pipeline, first_seq = _name("pipeline", pipeline), _whole("first_seq", first_seq)
+        try:
+            return _push(self._client, self._options, pipeline, data, producer, first_seq)
+        except PushError as e:
+            # A token refused admits nothing: log in again and push it all once more.
+            expired = isinstance(e.__cause__, flight.FlightUnauthenticatedError)
+            if self._token is None or e.acks or not expired:
+                raise
+        self._login()
+        return _push(self._client, self._options, pipeline, data, producer, first_seq)
 
     def end_ingest(self, pipeline: str) -> None:
         """Closes the pipeline's pushed input: the last step is padded, the epoch ends."""
         try:
-            list(self._client.do_action(flight.Action("end_ingest",
-                                                      _name("pipeline", pipeline).encode()),
-                                        self._options))
+            action = flight.Action("end_ingest", _name("pipeline", pipeline).encode())
+            self._call(lambda o: list(self._client.do_action(action, o)))
         except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
 
@@ -179,7 +217,8 @@ class Client:
         body = json.dumps({"pipeline": _name("pipeline", pipeline),
                            "step": _whole("step", step)}).encode()
         try:
-            results = list(self._client.do_action(flight.Action("commit", body), self._options))
+            results = self._call(lambda o: list(
+                self._client.do_action(flight.Action("commit", body), o)))
         except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
         return json.loads(results[0].body.to_pybytes())
@@ -191,7 +230,8 @@ class Client:
         body = json.dumps({"pipeline": _name("pipeline", pipeline),
                            "version": _whole("version", version)}).encode()
         try:
-            results = list(self._client.do_action(flight.Action("state", body), self._options))
+            results = self._call(lambda o: list(
+                self._client.do_action(flight.Action("state", body), o)))
         except (flight.FlightError, pa.ArrowException) as e:
             raise HydrantError(str(e)) from e
         return json.loads(b"".join(r.body.to_pybytes() for r in results))
@@ -256,16 +296,47 @@ class Client:
         ticket = self.ticket(pipeline, rank, world_size, epoch, start_step, job)
         rank, start_step = _whole("rank", rank), _whole("start_step", start_step)
         serving = self._serving(pipeline, rank)
-        client, options = serving._client, serving._options
         return RankReader(
-            lambda: client.do_get(ticket, options),
+            # The options of the call are read when it is made: after a login, new ones.
+            lambda: serving._client.do_get(ticket, serving._options),
             rank,
             start_step,
             read_ahead=read_ahead,
             prepare=prepare,
             receive=receive,
             on_job=lambda said: self._jobs.__setitem__(pipeline, said),
+            relogin=serving._login if serving._token is not None else None,
         )
+
+
+def _unauthenticated(error: Exception) -> bool:
+    """Whether ``error`` is an UNAUTHENTICATED refusal: pyarrow raises it as
+    ``FlightUnauthenticatedError`` from every call but ``get_schema``, which raises its
+    statuses as plain ``OSError``s that say which they are."""
+    if isinstance(error, flight.FlightUnauthenticatedError):
+        return True
+    return isinstance(error, OSError) and "returned unauthenticated error" in str(error)
+
+
+def _keepalive(seconds: Optional[float]) -> list:
+    """gRPC's options for pings after ``seconds`` of silence in a call, each answered
+    within as long again; none for ``None``."""
+    if seconds is None:
+        return []
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+        raise ValueError(f"keepalive must be a positive number of seconds or None, not "
+                         f"{seconds!r}")
+    ms = max(int(seconds * 1000), 1)
+    return [
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms),
+        # What ends a call whose ping goes unanswered: without it (gRPC 1.7x, pyarrow
+        # 26) a frozen server's unanswered ping was waited on for good.
+        ("grpc.http2.ping_timeout_ms", ms),
+        # Pings go on for as long as the server sends nothing: by default gRPC stops
+        # after two until the client sends data, and a reader sends none.
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
 
 
 def _name(what: str, value) -> str:

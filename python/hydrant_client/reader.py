@@ -48,12 +48,13 @@ class _Pump:
     """The reader thread's side: reads, decodes and queues. It holds no reference to the
     ``RankReader``, so dropping an abandoned reader stops its thread."""
 
-    def __init__(self, open_stream, rank, start_step, read_ahead, prepare, on_job=None):
+    def __init__(self, open_stream, rank, start_step, read_ahead, prepare, on_job=None,
+                 relogin=None):
         self.queue: queue.Queue = queue.Queue(maxsize=read_ahead)
         self.stop = threading.Event()
         self.stream = None
         self.open, self.rank, self.start, self.prepare = open_stream, rank, start_step, prepare
-        self.on_job, self.job = on_job, None
+        self.on_job, self.job, self.relogin = on_job, None, relogin
 
     def run(self) -> None:
         try:
@@ -64,19 +65,15 @@ class _Pump:
 
     def read(self) -> None:
         try:
-            self.stream = self.open()
-            if self.stop.is_set():
-                self.cancel()
-                return
-            for batch in steps(_chunks(self.stream), self.rank, self.start):
-                if self.job is None and batch.job is not None:
-                    self.job = batch.job
-                    if self.on_job is not None:
-                        self.on_job(batch.job)
-                item = self.prepare(batch) if self.prepare else batch
-                if not self.put(item):
-                    return
-            self.put(_END)
+            try:
+                self.pump()
+            except flight.FlightUnauthenticatedError:
+                # Refused before its first message (a cut later is a HydrantError): the
+                # server no longer knows the token (it expired, or the server restarted).
+                if self.relogin is None or self.stop.is_set():
+                    raise
+                self.relogin()
+                self.pump()
         except (flight.FlightError, pa.ArrowException) as e:
             # Opening the stream failed, or the server refused it before its first
             # message (a cut after that comes as HydrantError, naming the resume step).
@@ -88,6 +85,22 @@ class _Pump:
         except BaseException as e:  # handed to the consumer, never lost on this thread
             if not self.stop.is_set():
                 self.put(_Failed(e))
+
+    def pump(self) -> None:
+        """Opens the stream and queues its steps, then the end."""
+        self.stream = self.open()
+        if self.stop.is_set():
+            self.cancel()
+            return
+        for batch in steps(_chunks(self.stream), self.rank, self.start):
+            if self.job is None and batch.job is not None:
+                self.job = batch.job
+                if self.on_job is not None:
+                    self.on_job(batch.job)
+            item = self.prepare(batch) if self.prepare else batch
+            if not self.put(item):
+                return
+        self.put(_END)
 
     def put(self, item) -> bool:
         """Waits for room (backpressure); False once the consumer has closed the reader."""
@@ -117,7 +130,8 @@ class RankReader:
     Rust loaders report it. ``close()`` (or leaving a ``with`` block, or dropping the
     reader) cancels the stream. ``prepare`` runs on the reader thread (staging copies),
     ``receive`` on the consumer's thread as it takes each item (making the consumer's
-    CUDA stream wait for those copies).
+    CUDA stream wait for those copies). ``relogin`` is called once when the server
+    refuses to open the stream as UNAUTHENTICATED, and the stream is opened again.
     """
 
     def __init__(
@@ -129,6 +143,7 @@ class RankReader:
         prepare: Optional[Callable[[Any], Any]] = None,
         receive: Optional[Callable[[Any], Any]] = None,
         on_job: Optional[Callable[[str], Any]] = None,
+        relogin: Optional[Callable[[], Any]] = None,
     ):
         if isinstance(read_ahead, bool) or not isinstance(read_ahead, int):
             raise TypeError(f"read_ahead must be an int, not {type(read_ahead).__name__}")
@@ -145,7 +160,7 @@ class RankReader:
         # The error the stream failed with: raised again on every later ``next()``, so
         # that a retry loop over the same reader never takes the failure for the end.
         self._failed: Optional[BaseException] = None
-        self._pump = _Pump(open_stream, rank, start_step, read_ahead, prepare, on_job)
+        self._pump = _Pump(open_stream, rank, start_step, read_ahead, prepare, on_job, relogin)
         self._thread = threading.Thread(
             target=self._pump.run, name=f"hydrant-rank-{rank}", daemon=True
         )

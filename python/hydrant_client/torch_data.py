@@ -4,6 +4,7 @@ memory on a stream of their own so that the copy of step n+1 overlaps the work o
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -130,7 +131,8 @@ class TorchDataset(_dataset_base()):
     second DataLoader worker would be a second reader of the same rank.
 
     Rank and world size default to torchrun's ``RANK`` and ``WORLD_SIZE``. Call
-    ``set_epoch(e)`` before each epoch (as with ``DistributedSampler``). To resume from a
+    ``set_epoch(e)`` before each epoch (as with ``DistributedSampler``; reading an epoch
+    again without it is warned of). ``keepalive`` is ``Client``'s. To resume from a
     checkpoint taken after step ``S`` of epoch ``E``, pass ``start_epoch=E,
     start_step=S + 1``: that epoch starts there, later ones from step 0 (keep
     ``dataset.job`` with the checkpoint and pass it as ``job=``: a server restarted to
@@ -150,8 +152,9 @@ class TorchDataset(_dataset_base()):
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         job: Optional[str] = None,
+        keepalive: Optional[float] = 30.0,
     ):
-        self.uri, self.pipeline, self.token = uri, pipeline, token
+        self.uri, self.pipeline, self.token, self.keepalive = uri, pipeline, token, keepalive
         # The job read last (or given, from a checkpoint): a resume mid-epoch names it.
         self.job = job
         self.epoch, self.start_epoch, self.start_step = start_epoch, start_epoch, start_step
@@ -160,6 +163,8 @@ class TorchDataset(_dataset_base()):
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         self.stall_seconds = 0.0
         self._reader = None
+        # Epochs read to their end: reading one again without set_epoch is warned of.
+        self._finished = set()
 
     def __getstate__(self):
         # A reader (its thread, its stream) belongs to the process that opened it.
@@ -179,11 +184,17 @@ class TorchDataset(_dataset_base()):
                 "on a thread of its own, and each DataLoader worker would be another "
                 f"reader of rank {self.rank}, which replaces the one before"
             )
+        if self.epoch in self._finished:
+            warnings.warn(
+                f"TorchDataset reads epoch {self.epoch} again, in the same order: call "
+                "set_epoch(e) before each epoch (as with DistributedSampler)",
+                stacklevel=2,
+            )
         start = self.start_step if self.epoch == self.start_epoch else 0
         staging = None
         if self.device is not None and torch.device(self.device).type == "cuda":
             staging = CudaStaging(self.device)
-        client = Client(self.uri, self.token)
+        client = Client(self.uri, self.token, keepalive=self.keepalive)
         reader = client.batches(
             self.pipeline,
             self.rank,
@@ -207,7 +218,7 @@ class _Epoch:
     the epoch early without a word; this one raises the reader's error again."""
 
     def __init__(self, dataset: TorchDataset, reader):
-        self.dataset, self.reader = dataset, reader
+        self.dataset, self.reader, self.epoch = dataset, reader, dataset.epoch
         self.stalled = dataset.stall_seconds
 
     def __iter__(self):
@@ -216,6 +227,9 @@ class _Epoch:
     def __next__(self):
         try:
             return next(self.reader)
+        except StopIteration:
+            self.dataset._finished.add(self.epoch)
+            raise
         finally:
             self.dataset.stall_seconds = self.stalled + self.reader.stall_seconds
             self.dataset.job = self.reader.job or self.dataset.job

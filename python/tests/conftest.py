@@ -32,9 +32,9 @@ def data(tmp_path_factory):
 
 
 class Server:
-    def __init__(self, *args, preexec_fn=None):
+    def __init__(self, *args, preexec_fn=None, listen="127.0.0.1:0"):
         self.proc = subprocess.Popen(
-            [str(BIN), "serve", "--listen", "127.0.0.1:0", *map(str, args)],
+            [str(BIN), "serve", "--listen", listen, *map(str, args)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -58,6 +58,36 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
+
+
+_next_port = [None]
+
+
+def free_port():
+    """A free loopback port below the kernel's ephemeral range: a port the kernel hands out
+    (bound to 0 and let go) can become another connection's source port before hydrant
+    listens on it, and the listen then fails with "Address already in use"."""
+    import os
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    base, span = 10000, max(low - 10000, 2000)
+    if _next_port[0] is None:
+        _next_port[0] = (os.getpid() * 7919) % span
+    for _ in range(span):
+        port = base + _next_port[0] % span
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port below {low}")
 
 
 @pytest.fixture

@@ -12,41 +12,13 @@ import pytest
 
 from hydrant_client import Client, HydrantError
 
-from conftest import BIN, PIPELINE, ROWS
+from conftest import BIN, PIPELINE, ROWS, free_port
 from test_client import real_ids
 
 WORLD = 4
 BATCH = 500
 
 
-_next_port = [None]
-
-
-def free_port():
-    """A free loopback port below the kernel's ephemeral range: a port the kernel hands out
-    (bound to 0 and let go) can become another connection's source port before hydrant
-    listens on it, and the listen then fails with "Address already in use"."""
-    import os
-    import socket
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    base, span = 10000, max(low - 10000, 2000)
-    if _next_port[0] is None:
-        _next_port[0] = (os.getpid() * 7919) % span
-    for _ in range(span):
-        port = base + _next_port[0] % span
-        _next_port[0] += 1
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free loopback port below {low}")
 
 
 def start_cluster(data, tmp_path, batch):

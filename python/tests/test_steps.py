@@ -138,6 +138,52 @@ def test_closing_a_reader_wakes_a_consumer_waiting_on_another_thread(data):
         s.stop()
 
 
+def test_a_frozen_server_fails_the_read_instead_of_hanging_it(data):
+    """A server that stops answering (SIGSTOP: a frozen process, or a network that drops
+    everything) left the trainer waiting in ``next()`` forever, found by a hostile run:
+    keep-alive pings now cut the stream, which names the step to resume from."""
+    import signal
+    import threading
+
+    path, state = data
+    from conftest import PIPELINE
+
+    s = Server("--pipeline", PIPELINE, "--input", path, "--state", state,
+               "--ranks", "1", "--batch-size", "100")
+    reader = Client(s.uri, keepalive=1).batches("criteo", 0, 1, read_ahead=1)
+    try:
+        next(reader)
+        s.proc.send_signal(signal.SIGSTOP)
+        outcome = []
+
+        def consume():
+            try:
+                for _ in reader:
+                    pass
+                outcome.append("the epoch ended")
+            except BaseException as e:
+                outcome.append(e)
+
+        consumer = threading.Thread(target=consume, daemon=True)
+        began = time.monotonic()
+        consumer.start()
+        consumer.join(timeout=30)
+        assert not consumer.is_alive(), "the reader still waits on a frozen server"
+        assert isinstance(outcome[0], HydrantError), outcome
+        assert "resume with start_step" in str(outcome[0])
+        assert time.monotonic() - began < 15
+    finally:
+        reader.close()
+        s.proc.send_signal(signal.SIGCONT)
+        s.stop()
+
+
+def test_keepalive_is_seconds_or_none():
+    for bad in (0, -1, True, "30"):
+        with pytest.raises(ValueError, match="keepalive"):
+            Client("grpc://127.0.0.1:1", keepalive=bad)
+
+
 def test_views_are_writable_and_not_copies(serve):
     s = serve("--ranks", "1", "--batch-size", "1000")
     b = next(iter(Client(s.uri).batches("criteo", 0, 1)))

@@ -40,6 +40,15 @@ def test_many_epochs_with_set_epoch_and_resume(serve):
     assert [i["step"] for i in resumed] == list(range(4, steps))
     resumed.set_epoch(2)
     assert [i["step"] for i in resumed] == list(range(steps))
+    # Without set_epoch the next pass reads epoch 2 again, in the same order: as with
+    # DistributedSampler, but said (a hostile run found it silent).
+    with pytest.warns(UserWarning, match="reads epoch 2 again"):
+        again = [i["step"] for i in resumed]
+    assert again == list(range(steps))
+    resumed.set_epoch(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        iter(resumed).reader.close()  # a new epoch: no warning
 
 
 def test_an_epoch_that_failed_is_not_ended_cleanly_by_iterating_on(data):
