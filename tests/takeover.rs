@@ -775,3 +775,45 @@ async fn a_stalled_reader_of_an_epoch_does_not_hold_the_next_back() {
     // Its trainer resumes (here: reads the epoch again) on runs of their own.
     assert_exactly_once(&read_epoch(&uri, 5).await, ROWS);
 }
+
+/// A server that stops answering (SIGSTOP: a frozen process, or a network that drops
+/// everything) cuts the stream within twice the client's keep-alive; without pings the
+/// trainer waited forever. 200,000 rows are more than the client's 16 MiB window, so the
+/// stream cannot have ended before the server froze.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_cuts_the_stream_instead_of_hanging_it() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[200_000], 8);
+    let (server, uri) = serve_criteo(&data, &state, &["--ranks", "1", "--batch-size", "100"]);
+    let how = hydrant_flight::Connect {
+        keepalive: Some(Duration::from_secs(1)),
+        ..Default::default()
+    };
+    let mut client = Client::connect_with(&uri, &how).await.unwrap();
+    let mut steps = client.steps(&ticket(1, 0, 0, 0)).await.unwrap();
+    steps.next_step().await.unwrap().unwrap();
+    signal("-STOP", &[server.0.id()]);
+    let began = Instant::now();
+    let (mut read, limit) = (1, Duration::from_secs(30));
+    let outcome = tokio::time::timeout(limit, async {
+        loop {
+            match steps.next_step().await {
+                Some(Ok(_)) => read += 1,
+                other => return other,
+            }
+        }
+    })
+    .await;
+    signal("-CONT", &[server.0.id()]);
+    let waited = began.elapsed();
+    let outcome = outcome.expect("the stream still waits on a frozen server after 30 s");
+    assert!(
+        matches!(outcome, Some(Err(_))),
+        "a frozen server's stream ended {outcome:?} after {read} of 2,000 steps"
+    );
+    assert!(
+        read < 2_000 && waited < Duration::from_secs(15),
+        "{read} steps, {waited:?}"
+    );
+}

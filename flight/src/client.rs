@@ -3,6 +3,8 @@
 //! several messages is reassembled, and a stream that breaks the contract (a gap, a step
 //! cut short, an end without `last`) is an error that says where to resume.
 
+use std::time::Duration;
+
 use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
 use arrow::datatypes::Schema;
@@ -59,6 +61,30 @@ pub struct StepBatch {
     pub batch: RecordBatch,
 }
 
+/// How long a call may go without a word from the server before the client pings it, and
+/// how long it then waits for the answer: a server that stops answering (a frozen
+/// process, a network that drops everything) fails the call within twice this, rather
+/// than leave a trainer waiting forever. A server that is only slow answers the pings.
+pub const KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// How [`Client::connect_with`] connects.
+#[derive(Debug, Clone)]
+pub struct Connect {
+    /// The certificate authority (PEM) to trust for a TLS server (`grpc+tls://`).
+    pub ca_pem: Option<Vec<u8>>,
+    /// See [`KEEPALIVE`], the default; `None` sends no pings.
+    pub keepalive: Option<Duration>,
+}
+
+impl Default for Connect {
+    fn default() -> Self {
+        Connect {
+            ca_pem: None,
+            keepalive: Some(KEEPALIVE),
+        }
+    }
+}
+
 /// A connection to `hydrant serve`.
 pub struct Client {
     inner: FlightClient,
@@ -68,16 +94,22 @@ impl Client {
     /// Connects to `uri` (`http://host:port`, or `grpc://host:port` as pyarrow writes it).
     /// A TLS server (`grpc+tls://`, `https://`) needs [`Client::connect_tls`].
     pub async fn connect(uri: &str) -> Result<Self, ClientError> {
-        Self::open(uri, None).await
+        Self::connect_with(uri, &Connect::default()).await
     }
 
     /// Connects over TLS to `uri` (`grpc+tls://host:port` or `https://host:port`),
     /// trusting the certificate authority `ca_pem` (PEM).
     pub async fn connect_tls(uri: &str, ca_pem: &[u8]) -> Result<Self, ClientError> {
-        Self::open(uri, Some(ca_pem)).await
+        let how = Connect {
+            ca_pem: Some(ca_pem.to_vec()),
+            ..Connect::default()
+        };
+        Self::connect_with(uri, &how).await
     }
 
-    async fn open(uri: &str, ca_pem: Option<&[u8]>) -> Result<Self, ClientError> {
+    /// Connects to `uri` as `how` says (TLS trust, keep-alive).
+    pub async fn connect_with(uri: &str, how: &Connect) -> Result<Self, ClientError> {
+        let ca_pem = how.ca_pem.as_deref();
         let fail = |reason: String| ClientError::Connect {
             uri: uri.to_string(),
             reason,
@@ -112,6 +144,11 @@ impl Client {
                 ));
             }
             (false, None) => {}
+        }
+        if let Some(every) = how.keepalive {
+            endpoint = endpoint
+                .http2_keep_alive_interval(every)
+                .keep_alive_timeout(every);
         }
         let channel = endpoint
             .tcp_nodelay(true)

@@ -40,7 +40,7 @@ pub use check::{
     Guarded, MAX_PUSH_ROWS, check_ipc_message, check_message, decode_guarded, decode_quietly,
     decoding, quiet_decoder_panics,
 };
-pub use client::{Client, ClientError, MAX_MESSAGE_BYTES, StepBatch, Steps};
+pub use client::{Client, ClientError, Connect, KEEPALIVE, MAX_MESSAGE_BYTES, StepBatch, Steps};
 pub use encode::batch_bytes;
 pub use served::{Accepted, BatchMeta, Origin, RankStream, ServeError, Served};
 pub use service::{ACCEPT_PAUSE, COMMIT_WAIT, FlightServer, MAX_STREAMS_PER_CONNECTION, Ready};

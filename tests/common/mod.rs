@@ -298,10 +298,6 @@ pub fn read_placed(dir: &Path) -> Vec<Placed> {
     out
 }
 
-/// A free port on loopback for a process to listen on later, taken below the kernel's
-/// ephemeral range: a port the kernel handed out (bound to 0 and let go) can become the
-/// source port of another test's outgoing connection before the process listens on it, and
-/// then its listen fails with "Address already in use" (seen in CI). Each test binary
 /// Sends signal `sig` (`-STOP`, `-CONT`, `-TERM`, ...) to processes `pids`, with `kill`.
 pub fn signal(sig: &str, pids: &[u32]) {
     let ok = Command::new("kill")
@@ -312,6 +308,10 @@ pub fn signal(sig: &str, pids: &[u32]) {
     assert!(ok.success(), "kill {sig} {pids:?}");
 }
 
+/// A free port on loopback for a process to listen on later, taken below the kernel's
+/// ephemeral range: a port the kernel handed out (bound to 0 and let go) can become the
+/// source port of another test's outgoing connection before the process listens on it, and
+/// then its listen fails with "Address already in use" (seen in CI). Each test binary
 /// starts at its own offset, and each port is checked by binding it.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
