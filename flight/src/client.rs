@@ -9,6 +9,7 @@ use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
 use arrow::datatypes::Schema;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightClient, FlightDescriptor, HandshakeRequest};
 use base64::Engine;
@@ -43,10 +44,10 @@ pub enum ClientError {
     Protocol(String),
 }
 
-impl From<arrow_flight::error::FlightError> for ClientError {
-    fn from(e: arrow_flight::error::FlightError) -> Self {
+impl From<FlightError> for ClientError {
+    fn from(e: FlightError) -> Self {
         match e {
-            arrow_flight::error::FlightError::Tonic(status) => ClientError::Status(*status),
+            FlightError::Tonic(status) => ClientError::Status(*status),
             other => ClientError::Protocol(other.to_string()),
         }
     }
@@ -85,9 +86,32 @@ impl Default for Connect {
     }
 }
 
+/// `$call` (a future of a `Result<_, FlightError>`, made from `$c`, the client's
+/// `FlightClient`), made once more after a new login when it was refused as
+/// UNAUTHENTICATED ([`Client::logged_in_again`]).
+macro_rules! retried {
+    ($client:expr, $c:ident => $call:expr) => {{
+        let $c = &mut $client.inner;
+        let mut result = $call.await;
+        if $client.logged_in_again(unauthenticated(&result)).await? {
+            let $c = &mut $client.inner;
+            result = $call.await;
+        }
+        result
+    }};
+}
+
+/// Whether `result` is the server's refusal of the client's token.
+fn unauthenticated<T>(result: &Result<T, FlightError>) -> bool {
+    matches!(result, Err(FlightError::Tonic(status)) if status.code() == tonic::Code::Unauthenticated)
+}
+
 /// A connection to `hydrant serve`.
 pub struct Client {
     inner: FlightClient,
+    /// The credentials of the last [`Client::authenticate`]: a call refused as
+    /// UNAUTHENTICATED (a token expired, or a server restarted) logs in with them again.
+    login: Option<(String, String)>,
 }
 
 impl Client {
@@ -167,12 +191,20 @@ impl Client {
         let inner = FlightServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
         Client {
             inner: FlightClient::new_from_inner(inner),
+            login: None,
         }
     }
 
     /// Authenticates against a server started with `--token-file`: Basic credentials in the
-    /// Handshake, then the bearer token it returns on every later call.
+    /// Handshake, then the bearer token it returns on every later call. A call the server
+    /// later refuses as UNAUTHENTICATED (the token expired after `--token-ttl`, or the
+    /// server restarted and knows none it gave before) logs in again once and is retried.
     pub async fn authenticate(&mut self, user: &str, password: &str) -> Result<(), ClientError> {
+        self.login = Some((user.to_string(), password.to_string()));
+        self.handshake(user, password).await
+    }
+
+    async fn handshake(&mut self, user: &str, password: &str) -> Result<(), ClientError> {
         let basic = format!("Basic {}", STANDARD.encode(format!("{user}:{password}")));
         let mut request = tonic::Request::new(futures::stream::iter([HandshakeRequest::default()]));
         let value = basic
@@ -190,10 +222,20 @@ impl Client {
         Ok(())
     }
 
+    /// Whether this client, whose token was `refused`, has logged in again, so that the
+    /// call is worth making once more.
+    async fn logged_in_again(&mut self, refused: bool) -> Result<bool, ClientError> {
+        let Some((user, password)) = self.login.clone().filter(|_| refused) else {
+            return Ok(false);
+        };
+        self.handshake(&user, &password).await?;
+        Ok(true)
+    }
+
     /// The schema of `pipeline`'s batches.
     pub async fn schema(&mut self, pipeline: &str) -> Result<Schema, ClientError> {
         let descriptor = FlightDescriptor::new_path(vec![pipeline.to_string()]);
-        Ok(self.inner.get_schema(descriptor).await?)
+        Ok(retried!(self, c => c.get_schema(descriptor.clone()))?)
     }
 
     /// The tickets of every rank of `pipeline` (epoch 0), in rank order.
@@ -213,7 +255,7 @@ impl Client {
         pipeline: &str,
     ) -> Result<Vec<(Ticket, Option<String>)>, ClientError> {
         let descriptor = FlightDescriptor::new_path(vec![pipeline.to_string()]);
-        let info = self.inner.get_flight_info(descriptor).await?;
+        let info = retried!(self, c => c.get_flight_info(descriptor.clone()))?;
         info.endpoint
             .iter()
             .map(|e| {
@@ -229,7 +271,9 @@ impl Client {
     pub async fn status(&mut self) -> Result<serde_json::Value, ClientError> {
         use futures::TryStreamExt;
         let action = arrow_flight::Action::new("status", Bytes::new());
-        let replies: Vec<Bytes> = self.inner.do_action(action).await?.try_collect().await?;
+        let replies: Vec<Bytes> = retried!(self, c => async {
+            c.do_action(action.clone()).await?.try_collect().await
+        })?;
         let reply = replies
             .first()
             .ok_or_else(|| ClientError::Protocol("the status action returned nothing".into()))?;
@@ -247,7 +291,9 @@ impl Client {
         use futures::TryStreamExt;
         let body = serde_json::json!({"pipeline": pipeline, "step": step});
         let action = arrow_flight::Action::new("commit", Bytes::from(body.to_string()));
-        let replies: Vec<Bytes> = self.inner.do_action(action).await?.try_collect().await?;
+        let replies: Vec<Bytes> = retried!(self, c => async {
+            c.do_action(action.clone()).await?.try_collect().await
+        })?;
         let reply = replies
             .first()
             .ok_or_else(|| ClientError::Protocol("the commit action returned nothing".into()))?;
@@ -260,17 +306,17 @@ impl Client {
         use futures::TryStreamExt;
         let body = serde_json::json!({"pipeline": pipeline, "version": version});
         let action = arrow_flight::Action::new("state", Bytes::from(body.to_string()));
-        let replies: Vec<Bytes> = self.inner.do_action(action).await?.try_collect().await?;
+        let replies: Vec<Bytes> = retried!(self, c => async {
+            c.do_action(action.clone()).await?.try_collect().await
+        })?;
         String::from_utf8(replies.concat())
             .map_err(|e| ClientError::Protocol(format!("state: {e}")))
     }
 
     /// The stream a ticket names, one [`StepBatch`] per step.
     pub async fn steps(&mut self, ticket: &Ticket) -> Result<Steps, ClientError> {
-        let stream = self
-            .inner
-            .do_get(arrow_flight::Ticket::new(ticket.to_bytes()))
-            .await?;
+        let t = arrow_flight::Ticket::new(ticket.to_bytes());
+        let stream = retried!(self, c => c.do_get(t.clone()))?;
         Ok(Steps {
             decoder: stream.into_inner(),
             rank: ticket.rank,

@@ -404,9 +404,14 @@ impl Drop for Server {
 /// Starts `hydrant serve --listen 127.0.0.1:0 ARGS`; returns it and its `http://` address
 /// (from the ready line it prints).
 pub fn serve(args: &[&std::ffi::OsStr]) -> (Server, String) {
+    serve_on("127.0.0.1:0", args)
+}
+
+/// Starts `hydrant serve --listen LISTEN ARGS` (see [`serve`]).
+pub fn serve_on(listen: &str, args: &[&std::ffi::OsStr]) -> (Server, String) {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", listen])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
