@@ -104,6 +104,7 @@ class Client:
         as does a port not listened on yet; after ``timeout`` seconds of that, raises
         HydrantError with the last reason. Any other error is raised at once."""
         deadline = time.monotonic() + timeout
+        logged_in = False
         while True:
             left = max(deadline - time.monotonic(), 0.05)
             options = flight.FlightCallOptions(headers=self._headers, timeout=min(left, 5.0))
@@ -111,9 +112,12 @@ class Client:
                 list(self._client.list_flights(options=options))
                 return
             except flight.FlightUnauthenticatedError as e:
-                if self._token is None:
+                # A restarted server knows no token it gave before: one login more, not
+                # one per refusal.
+                if self._token is None or logged_in:
                     raise HydrantError(str(e)) from e
-                self._login()  # a restarted server knows no token it gave before
+                self._login()
+                logged_in = True
             except (flight.FlightUnavailableError, flight.FlightTimedOutError) as e:
                 if time.monotonic() >= deadline:
                     raise HydrantError(f"{self._uri} not ready after {timeout} s: {e}") from e
@@ -190,15 +194,21 @@ class Client:
         if producer is not None:
             _name("producer", producer)
         pipeline, first_seq = _name("pipeline", pipeline), _whole("first_seq", first_seq)
+        # Read once: a generator given as ``data`` is empty by a second attempt.
+        batches = _record_batches(data)
         try:
-            return _push(self._client, self._options, pipeline, data, producer, first_seq)
+            return _push(self._client, self._options, pipeline, batches, producer, first_seq)
         except PushError as e:
             # A token refused admits nothing: log in again and push it all once more.
             expired = isinstance(e.__cause__, flight.FlightUnauthenticatedError)
             if self._token is None or e.acks or not expired:
                 raise
-        self._login()
-        return _push(self._client, self._options, pipeline, data, producer, first_seq)
+        try:
+            self._login()
+        except HydrantError as e:
+            raise PushError(f"batch 0 of {len(batches)}: {e} (none was acknowledged)",
+                            []) from e
+        return _push(self._client, self._options, pipeline, batches, producer, first_seq)
 
     def end_ingest(self, pipeline: str) -> None:
         """Closes the pipeline's pushed input: the last step is padded, the epoch ends."""

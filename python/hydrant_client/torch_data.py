@@ -186,8 +186,8 @@ class TorchDataset(_dataset_base()):
             )
         if self.epoch in self._finished:
             warnings.warn(
-                f"TorchDataset reads epoch {self.epoch} again, in the same order: call "
-                "set_epoch(e) before each epoch (as with DistributedSampler)",
+                f"TorchDataset reads epoch {self.epoch} again, in the same order: give "
+                "each new epoch to set_epoch before it (as with DistributedSampler)",
                 stacklevel=2,
             )
         start = self.start_step if self.epoch == self.start_epoch else 0

@@ -9,13 +9,13 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, Server, hydrant
+from conftest import ROOT, Server, free_port, hydrant
 from hydrant_client import Client, HydrantError, PushError
 
 PUSHED = (ROOT / "examples" / "criteo_hash.toml").read_text()
 
 
-def pushed_server(tmp_path, data, *extra):
+def pushed_server(tmp_path, data, *extra, listen="127.0.0.1:0"):
     """A server for the hash pipeline taking pushed input (state fitted on `data`)."""
     path, _ = data
     files = tmp_path / "files.toml"
@@ -24,7 +24,7 @@ def pushed_server(tmp_path, data, *extra):
     hydrant("fit", "--pipeline", files, "--input", path, "--out", state)
     flight_toml = tmp_path / "pushed.toml"
     flight_toml.write_text('input = "flight"\n' + PUSHED)
-    return Server("--pipeline", flight_toml, "--state", state, *extra)
+    return Server("--pipeline", flight_toml, "--state", state, *extra, listen=listen)
 
 
 @pytest.fixture(params=["1", "3"], ids=["1-worker", "3-workers"])
@@ -648,3 +648,40 @@ def test_pushed_rows_placed_on_several_workers_are_the_batches_of_one(tmp_path, 
     ids = sorted(i for r in (0, 1) for _, rows, mask in one[r] for i, m in zip(rows, mask) if not m)
     assert ids == list(range(table.num_rows))
     assert any(rows != sorted(rows) for r in (0, 1) for _, rows, _ in one[r]), "shuffled"
+
+
+def test_a_producer_whose_token_expired_logs_in_again_and_loses_nothing(tmp_path, data):
+    """A push, the readers and ``end_ingest`` after ``--token-ttl``: each logs in again.
+    Found by a review: a push of a generator retried after the new login sent nothing
+    (the first try had used it up) and returned no acknowledgement, without an error."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("all:pw\n")
+    listen = f"127.0.0.1:{free_port()}"
+    args = ("--ranks", "2", "--batch-size", "1000", "--token-file", tokens, "--token-ttl", "1")
+    s = pushed_server(tmp_path, data, *args, listen=listen)
+    table = pq.read_table(data[0])
+    try:
+        # The trainers' and the producer's own clients, so that each call below is the
+        # first after its client's token expired.
+        client, producer = (Client(s.uri, token=("all", "pw")) for _ in range(2))
+        time.sleep(1.5)
+        got, readers = start_readers(client)
+        acks = producer.push("criteo_hash", (b for b in table.to_batches(max_chunksize=5000)))
+        assert sum(a["rows"] for a in acks) == table.num_rows
+        time.sleep(1.5)
+        producer.end_ingest("criteo_hash")
+        for t in readers:
+            t.join(timeout=60)
+        ids = sorted(i for r in range(2) for b in got[r] for i in b.row_id[~b.mask].tolist())
+        assert ids == list(range(table.num_rows))
+    finally:
+        s.stop()
+    # A restarted server that does not know the user: a PushError with no acks.
+    tokens.write_text("other:pw\n")
+    s = pushed_server(tmp_path, data, *args, listen=listen)
+    try:
+        with pytest.raises(PushError, match="wrong user or password") as refused:
+            producer.push("criteo_hash", table.to_batches(max_chunksize=5000))
+        assert refused.value.acks == []
+    finally:
+        s.stop()
