@@ -133,8 +133,15 @@ impl Remote {
         })
     }
 
+    /// A runtime with a worker of its own: the connection's task (keep-alive pings and
+    /// their answers) runs while the reader waits on the loader's feed. On a current-thread
+    /// runtime it ran only inside `block_on`, so a trainer that paused longer than
+    /// [`hydrant_flight::KEEPALIVE`] (a checkpoint) found a ping's answer unread and a live
+    /// server's stream cut as "keep-alive timed out".
     fn runtime() -> Result<tokio::runtime::Runtime> {
-        tokio::runtime::Builder::new_current_thread()
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("hydrant-remote-io")
             .enable_all()
             .build()
             .map_err(|e| Error::Dataflow(format!("cannot start a runtime: {e}")))

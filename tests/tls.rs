@@ -361,16 +361,22 @@ async fn a_client_logs_in_again_when_its_token_expires_or_the_server_restarts() 
     let (server, uri) = serve_on(&listen, &args);
     let mut client = Client::connect(&uri).await.unwrap();
     client.authenticate("alice", "s3cret").await.unwrap();
+    let ticket = client.tickets("criteo").await.unwrap().remove(0);
     every_row(&mut client).await;
-    wait().await; // the token has expired
+    // Each call below is the first after the token expired (or the server restarted).
+    wait().await;
+    assert!(client.steps(&ticket).await.is_ok());
+    wait().await;
     every_row(&mut client).await;
     wait().await;
     assert!(client.status().await.unwrap()["pipelines"].is_array());
+    wait().await;
+    assert!(client.schema("criteo").await.is_ok());
     drop(server);
 
     let (server, _) = serve_on(&listen, &args);
-    every_row(&mut client).await;
     assert!(client.schema("criteo").await.is_ok());
+    every_row(&mut client).await;
     drop(server);
 
     // A restarted server that no longer knows the user: its refusal, once.
@@ -378,7 +384,7 @@ async fn a_client_logs_in_again_when_its_token_expires_or_the_server_restarts() 
     let (_server, _) = serve_on(&listen, &args);
     let err = client.tickets("criteo").await.unwrap_err().to_string();
     assert!(err.contains("wrong user or password"), "{err}");
-    // Without a login to repeat, an expired token is the server's answer as it is.
+    // A client that never logged in has no login to repeat: the refusal as it is.
     let mut anonymous = Client::connect(&uri).await.unwrap();
     let err = anonymous.tickets("criteo").await.unwrap_err().to_string();
     assert!(err.contains("Unauthenticated"), "{err}");

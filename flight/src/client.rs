@@ -66,6 +66,10 @@ pub struct StepBatch {
 /// how long it then waits for the answer: a server that stops answering (a frozen
 /// process, a network that drops everything) fails the call within twice this, rather
 /// than leave a trainer waiting forever. A server that is only slow answers the pings.
+/// The connection's task must keep running for the answers to be read: on a runtime whose
+/// tasks run only inside `block_on` (a current-thread runtime), a caller that blocks
+/// between steps for longer than this finds a live server's stream cut; use a runtime
+/// with a worker thread, or no keep-alive.
 pub const KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// How [`Client::connect_with`] connects.
@@ -168,6 +172,9 @@ impl Client {
                 ));
             }
             (false, None) => {}
+        }
+        if how.keepalive.is_some_and(|every| every.is_zero()) {
+            return Err(fail("keepalive must be longer than zero (or None)".into()));
         }
         if let Some(every) = how.keepalive {
             endpoint = endpoint
