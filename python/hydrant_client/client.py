@@ -75,14 +75,28 @@ class Client:
 
     def _call(self, call):
         """``call(options)``, logged in again once when the server no longer knows this
-        client's token (it expired after ``--token-ttl``, or the server restarted)."""
+        client's token (it expired after ``--token-ttl``, or the server restarted); its
+        failure as ``HydrantError``. pyarrow raises ``get_schema``'s statuses as plain
+        Arrow errors (``OSError``), not Flight's."""
         try:
+            try:
+                return call(self._options)
+            except (flight.FlightError, OSError) as e:
+                if self._token is None or not _unauthenticated(e):
+                    raise
+            self._login()
             return call(self._options)
-        except (flight.FlightError, OSError) as e:
-            if self._token is None or not _unauthenticated(e):
-                raise
-        self._login()
-        return call(self._options)
+        except (flight.FlightError, pa.ArrowException, OSError) as e:
+            raise HydrantError(str(e)) from e
+
+    def _action(self, name: str, body: bytes = b"") -> list:
+        """The results of action ``name`` (see ``_call``)."""
+        return self._call(lambda o: list(self._client.do_action(flight.Action(name, body), o)))
+
+    def _info(self, pipeline: str):
+        """``pipeline``'s FlightInfo (see ``_call``)."""
+        return self._call(lambda o: self._client.get_flight_info(
+            flight.FlightDescriptor.for_path(pipeline), o))
 
     def _why_unreachable(self, error: Exception) -> Exception:
         """What a failed handshake was: pyarrow reports a server that is not there (or
@@ -127,25 +141,14 @@ class Client:
 
     def endpoints(self, pipeline: str) -> list:
         """The tickets of every rank of ``pipeline`` (epoch 0), in rank order, as dicts."""
-        try:
-            info = self._call(lambda o: self._client.get_flight_info(
-                flight.FlightDescriptor.for_path(pipeline), o
-            ))
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise HydrantError(str(e)) from e
-        return [json.loads(ep.ticket.ticket) for ep in info.endpoints]
+        return [json.loads(ep.ticket.ticket) for ep in self._info(pipeline).endpoints]
 
     def locations(self, pipeline: str) -> list:
         """Where each rank of ``pipeline`` is served, in rank order: a ``grpc://`` uri
         when a cluster's process serves it (each process serves its own ranks), ``None``
         when this server does."""
-        try:
-            info = self._call(lambda o: self._client.get_flight_info(
-                flight.FlightDescriptor.for_path(pipeline), o
-            ))
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise HydrantError(str(e)) from e
-        return [_uri(ep.locations[0]) if ep.locations else None for ep in info.endpoints]
+        return [_uri(ep.locations[0]) if ep.locations else None
+                for ep in self._info(pipeline).endpoints]
 
     def _serving(self, pipeline: str, rank: int) -> "Client":
         """The client of the server that serves ``rank`` of ``pipeline``: this one, or
@@ -163,22 +166,12 @@ class Client:
 
     def schema(self, pipeline: str) -> pa.Schema:
         """The schema of the pipeline's batches."""
-        try:
-            return self._call(lambda o: self._client.get_schema(
-                flight.FlightDescriptor.for_path(pipeline), o
-            )).schema
-        # pyarrow raises this call's statuses as plain Arrow errors (OSError), not Flight's.
-        except (flight.FlightError, pa.ArrowException, OSError) as e:
-            raise HydrantError(str(e)) from e
+        return self._call(lambda o: self._client.get_schema(
+            flight.FlightDescriptor.for_path(pipeline), o)).schema
 
     def status(self) -> dict:
         """The server's ``status`` action."""
-        try:
-            results = self._call(lambda o: list(
-                self._client.do_action(flight.Action("status", b""), o)))
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise HydrantError(str(e)) from e
-        return json.loads(results[0].body.to_pybytes())
+        return json.loads(self._action("status")[0].body.to_pybytes())
 
     def push(self, pipeline: str, data, producer: str = None, first_seq: int = 0) -> list:
         """Pushes raw input rows (a Table or RecordBatches) into a pipeline declared with
@@ -212,11 +205,7 @@ class Client:
 
     def end_ingest(self, pipeline: str) -> None:
         """Closes the pipeline's pushed input: the last step is padded, the epoch ends."""
-        try:
-            action = flight.Action("end_ingest", _name("pipeline", pipeline).encode())
-            self._call(lambda o: list(self._client.do_action(action, o)))
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise HydrantError(str(e)) from e
+        self._action("end_ingest", _name("pipeline", pipeline).encode())
 
     def commit(self, pipeline: str, step: int) -> dict:
         """Tells the server the trainers' checkpoint holds every step before ``step``:
@@ -226,12 +215,7 @@ class Client:
         "deleted_segments"}``."""
         body = json.dumps({"pipeline": _name("pipeline", pipeline),
                            "step": _whole("step", step)}).encode()
-        try:
-            results = self._call(lambda o: list(
-                self._client.do_action(flight.Action("commit", body), o)))
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise HydrantError(str(e)) from e
-        return json.loads(results[0].body.to_pybytes())
+        return json.loads(self._action("commit", body)[0].body.to_pybytes())
 
     def state(self, pipeline: str, version: int) -> dict:
         """The fitted state of ``pipeline`` whose version batches carry as
@@ -239,12 +223,7 @@ class Client:
         rows arrive): its parameters by ``group/column/step``, to serve the model with."""
         body = json.dumps({"pipeline": _name("pipeline", pipeline),
                            "version": _whole("version", version)}).encode()
-        try:
-            results = self._call(lambda o: list(
-                self._client.do_action(flight.Action("state", body), o)))
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise HydrantError(str(e)) from e
-        return json.loads(b"".join(r.body.to_pybytes() for r in results))
+        return json.loads(b"".join(r.body.to_pybytes() for r in self._action("state", body)))
 
     def ticket(
         self,
