@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use hydrant_flight::{Client, StepBatch, Ticket};
+use hydrant_flight::{Client, Connect, StepBatch, Ticket};
 use hydrant_operators::{Batch, ErrorSlot};
 use tokio::sync::Notify;
 
@@ -33,6 +33,9 @@ pub struct Remote {
     pipeline: String,
     credentials: Option<(String, String)>,
     config: LoaderConfig,
+    /// Seconds of silence before the connection pings the server (see
+    /// [`hydrant_flight::KEEPALIVE`]).
+    keepalive: Option<Duration>,
     /// Where each rank is served when a process of a cluster other than `uri` serves it;
     /// one entry per rank.
     locations: Vec<Option<String>>,
@@ -64,6 +67,7 @@ impl Remote {
             pipeline: pipeline.to_string(),
             credentials,
             config: LoaderConfig::default(),
+            keepalive: Some(hydrant_flight::KEEPALIVE),
             locations: Vec::new(),
         };
         remote.locations = remote.look_up()?;
@@ -74,6 +78,22 @@ impl Remote {
     pub fn with_loader(mut self, config: LoaderConfig) -> Remote {
         self.config = config;
         self
+    }
+
+    /// How long a rank's stream may be silent before its connection pings the server, and
+    /// how long it then waits for the answer before the read fails (default
+    /// [`hydrant_flight::KEEPALIVE`]): a frozen server or a dropped network ends the
+    /// rank's batches with an error rather than a hang. A trainer may pause for longer
+    /// (a checkpoint): the pings are answered meanwhile. `None` sends none; a zero
+    /// duration is refused.
+    pub fn with_keepalive(mut self, keepalive: Option<Duration>) -> Result<Remote> {
+        if keepalive == Some(Duration::ZERO) {
+            return Err(Error::Usage(
+                "a keep-alive of 0 seconds: give a positive duration, or none".into(),
+            ));
+        }
+        self.keepalive = keepalive;
+        Ok(self)
     }
 
     /// Ranks the pipeline is served to.
@@ -133,11 +153,12 @@ impl Remote {
         })
     }
 
-    /// A runtime with a worker of its own: the connection's task (keep-alive pings and
-    /// their answers) runs while the reader waits on the loader's feed. On a current-thread
-    /// runtime it ran only inside `block_on`, so a trainer that paused longer than
-    /// [`hydrant_flight::KEEPALIVE`] (a checkpoint) found a ping's answer unread and a live
-    /// server's stream cut as "keep-alive timed out".
+    /// A runtime with a worker of its own, so that the connection's task (keep-alive pings
+    /// and their answers, the server's pings) runs while the reader waits on the loader's
+    /// feed, not only inside `block_on`. (A current-thread runtime also kept a slow
+    /// trainer's stream in `a_trainer_slower_than_the_keepalive_keeps_its_stream`, and
+    /// through a 58 s pause: the worker is there so as not to depend on when hyper reads
+    /// a ping's answer.)
     fn runtime() -> Result<tokio::runtime::Runtime> {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -149,7 +170,13 @@ impl Remote {
 
     /// A client of the server at `uri`, authenticated if need be.
     async fn client(&self, uri: &str) -> Result<Client> {
-        let mut client = Client::connect(uri).await.map_err(remote_error)?;
+        let how = Connect {
+            keepalive: self.keepalive,
+            ..Connect::default()
+        };
+        let mut client = Client::connect_with(uri, &how)
+            .await
+            .map_err(remote_error)?;
         if let Some((user, password)) = &self.credentials {
             client
                 .authenticate(user, password)

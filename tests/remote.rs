@@ -126,6 +126,33 @@ fn a_step_over_one_message_is_one_batch_and_resume_starts_where_asked() {
     assert!(past_the_end.is_empty());
 }
 
+/// A trainer whose steps take longer than the keep-alive (a big model, a checkpoint)
+/// keeps its rank's stream: each ping is answered, not taken for a dead server.
+#[test]
+fn a_trainer_slower_than_the_keepalive_keeps_its_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = setup(dir.path());
+    let (_server, uri) = serve_criteo(&data, &state, &["--ranks", "1", "--batch-size", "1000"]);
+    let keepalive = std::time::Duration::from_millis(300);
+    let remote = Pipeline::connect(&uri, "criteo")
+        .unwrap()
+        .with_keepalive(Some(keepalive))
+        .unwrap();
+    let rank = remote.rank(0).unwrap();
+    let mut ids = Vec::new();
+    for batch in rank.batches() {
+        ids.extend(batch.unwrap().row_ids.iter().copied());
+        std::thread::sleep(keepalive * 2);
+    }
+    ids.retain(|&i| i != u64::MAX);
+    assert_eq!(ids, (0..ROWS).collect::<Vec<_>>());
+
+    let zero = Pipeline::connect(&uri, "criteo")
+        .unwrap()
+        .with_keepalive(Some(std::time::Duration::ZERO));
+    assert!(zero.unwrap_err().to_string().contains("keep-alive of 0"));
+}
+
 #[test]
 fn credentials_are_needed_and_used() {
     let dir = tempfile::tempdir().unwrap();
