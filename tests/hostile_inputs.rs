@@ -82,6 +82,26 @@ fn inputs_that_are_not_plain_files_or_change_while_read() {
         "{err}"
     );
     std::fs::remove_dir_all(p("folder/date=1")).unwrap();
+    // Nor is a data file's name on a dangling link, a link loop or a pipe (found by a
+    // hostile run: the folder's other rows were read, and these left out).
+    for (name, reason) in [
+        ("gone.parquet", "No such file"),
+        ("loop.parquet", "symbolic links"),
+        ("pipe.parquet", "not a regular file"),
+    ] {
+        let odd = p(&format!("folder/{name}"));
+        match name {
+            "gone.parquet" => std::os::unix::fs::symlink(p("nowhere.parquet"), &odd).unwrap(),
+            "loop.parquet" => std::os::unix::fs::symlink(&odd, &odd).unwrap(),
+            _ => assert!(Command::new("mkfifo").arg(&odd).status().unwrap().success()),
+        }
+        let err = hydrant_err(&["run", "--pipeline", toml, "--input", &p("folder")]);
+        assert!(
+            err.contains(name) && err.contains(reason) && err.lines().count() == 1,
+            "{err}"
+        );
+        std::fs::remove_file(&odd).unwrap();
+    }
 
     // Arrow IPC streams are read, as IPC files are, and give the same rows.
     let batches = read_parquet(Path::new(&input));

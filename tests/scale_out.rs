@@ -9,6 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use arrow::array::{AsArray, RecordBatch};
 use common::*;
 
 /// Three files (three units) of 1,003 rows in all, and a fitted state.
@@ -417,6 +418,77 @@ fn processes_given_other_data_of_the_same_shape_refuse_to_run() {
             stderr.contains("runs another job: its input is"),
             "{stderr}"
         );
+    }
+}
+
+/// Found by a hostile run: processes whose pipelines differed only in their steps (a
+/// `clip` with other bounds) ran as one job, and each rank's rows were featurized partly
+/// one way and partly the other; the same files listed in another order (same sizes,
+/// other contents) delivered some rows twice and others never. Both are refused at the
+/// join, naming what differs.
+#[test]
+fn processes_with_other_pipelines_or_files_in_another_order_refuse_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let toml = criteo_toml();
+    let clipped = dir.path().join("clipped.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    assert!(text.contains("clip(-3, 3)"));
+    std::fs::write(&clipped, text.replace("clip(-3, 3)", "clip(-1, 1)")).unwrap();
+    // Two Arrow IPC files of one size: the same rows, and in the other one every number
+    // negated (other files of a fixed-width layout are of one size too).
+    let batches = read_parquet(&io.0.join("part-1.parquet"));
+    let flipped: Vec<RecordBatch> = batches
+        .iter()
+        .map(|b| {
+            let columns =
+                b.columns()
+                    .iter()
+                    .map(
+                        |c| match c.as_primitive_opt::<arrow::datatypes::Float64Type>() {
+                            Some(x) => std::sync::Arc::new(
+                                x.unary::<_, arrow::datatypes::Float64Type>(|v| -v),
+                            ) as _,
+                            None => c.clone(),
+                        },
+                    )
+                    .collect();
+            RecordBatch::try_new(b.schema(), columns).unwrap()
+        })
+        .collect();
+    let (a, b) = (dir.path().join("a.arrow"), dir.path().join("b.arrow"));
+    write_ipc(&a, &batches, false);
+    write_ipc(&b, &flipped, false);
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+    assert_eq!(size(&a), size(&b));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let base = run_args(&io, "null", &["--ranks", "2", "--batch-size", "10"]);
+    for (what, expected) in [
+        ("pipeline", "pipeline (groups, steps and label)"),
+        ("order", "input is"),
+    ] {
+        let children = spawn_cluster_with(dir.path(), 2, 1, |p| {
+            let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+            args[2] = match (what, p) {
+                ("pipeline", 1) => clipped.to_str().unwrap().to_string(),
+                _ => toml.to_str().unwrap().to_string(),
+            };
+            if what == "order" {
+                args[4] = if p == 0 { a } else { b }.to_string();
+                args.insert(5, if p == 0 { b } else { a }.to_string());
+            }
+            args
+        });
+        for (p, child) in children.into_iter().enumerate() {
+            let out = child.wait_with_output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            assert!(!out.status.success(), "{what}: process {p} succeeded");
+            assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
+            assert!(
+                stderr.contains(&format!("runs another job: its {expected}")),
+                "{what}: {stderr}"
+            );
+        }
     }
 }
 

@@ -183,6 +183,20 @@ impl FeaturePlan {
         self.output.clone()
     }
 
+    /// A fingerprint of what the plan does: its name, each group's columns (and what each
+    /// is read as), steps and width, and its label; the same in every process of a build.
+    /// The output schema alone (names and widths) took a pipeline with other steps (a
+    /// `clip` with other bounds, another vocabulary size) for the same one.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        // Debug forms: every part is a plain value (no map whose order could differ), and
+        // `DefaultHasher::new()` hashes alike in every process.
+        let described = format!("{:?}|{:?}|{:?}", self.pipeline, self.groups, self.label);
+        let mut hash = std::collections::hash_map::DefaultHasher::new();
+        described.hash(&mut hash);
+        hash.finish()
+    }
+
     /// The pipeline's name.
     pub fn pipeline(&self) -> &str {
         &self.pipeline

@@ -60,6 +60,10 @@ fn describe(
     vec![
         ("pipeline output", columns.join(",")),
         (
+            "pipeline (groups, steps and label)",
+            format!("{:016x}", plan.fingerprint()),
+        ),
+        (
             "input",
             inputs.map_or("pushed or followed".into(), describe_input),
         ),
@@ -85,16 +89,19 @@ fn describe(
     ]
 }
 
-/// The input's units' rows and files' bytes, not their paths: the same files may be
-/// mounted elsewhere on another machine. Rows alone took other data of the same shape
-/// (another seed of the same generator, a stale copy) as the same input, and its rows
-/// were delivered mixed with the others'. `DefaultHasher::new()` hashes alike in every
-/// process of a build.
+/// The input's units' rows, files' bytes and blocks of their contents, in input order,
+/// not their paths: the same files may be mounted elsewhere on another machine. Rows
+/// alone took other data of the same shape (another seed of the same generator, a stale
+/// copy) as the same input, and its rows were delivered mixed with the others'; sizes
+/// alone took the same files listed in another order (a glob sorted by another locale),
+/// and some rows were delivered twice and others never. `DefaultHasher::new()` hashes
+/// alike in every process of a build.
 fn describe_input(inputs: &Inputs) -> String {
     let units = inputs.units();
     let mut sizes = std::collections::hash_map::DefaultHasher::new();
     units.iter().for_each(|u| u.rows.hash(&mut sizes));
     inputs.file_bytes().for_each(|b| b.hash(&mut sizes));
+    inputs.file_samples().for_each(|h| h.hash(&mut sizes));
     format!(
         "{} rows in {} units of {} bytes ({:016x})",
         units.iter().map(|u| u.rows).sum::<u64>(),
