@@ -1,5 +1,6 @@
-//! `hydrant serve` refuses unsafe or broken set-ups with one line, before serving.
-//! (The protocol itself is tested from Python, with pyarrow, in python/tests.)
+//! `hydrant serve` refuses unsafe or broken set-ups with one line, before serving, and waits
+//! for its trainers without spinning. (The protocol itself is tested from Python, with pyarrow,
+//! in python/tests.)
 
 mod common;
 
@@ -94,4 +95,41 @@ fn the_server_bounds_the_streams_of_a_connection() {
         .collect();
     let most = hydrant_flight::MAX_STREAMS_PER_CONNECTION;
     assert!(settings.contains(&(3, most)), "{settings:?}");
+}
+
+/// CPU seconds process `pid` has used (user and system), from `/proc`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: `sysconf` reads a constant of the system; it touches no memory of ours.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Found by a hostile run: a server of one rank on two workers, waiting for its trainer,
+/// kept a core 2.5% busy for as long as it waited (the worker with no rank to assemble
+/// woke every millisecond to see whether the other had moved on). A server waiting for
+/// its trainers uses next to no CPU.
+#[test]
+fn a_server_waiting_for_its_trainers_does_not_spin() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, state) = folder_with_state(dir.path(), &[200_000], 3);
+    for ranks in ["1", "2"] {
+        let extra = ["--ranks", ranks, "--batch-size", "1000", "--workers", "2"];
+        let (server, _uri) = serve_criteo(&data, &state, &extra);
+        // Its first epoch's run starts at once and fills what it may hold, then waits.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let before = cpu_seconds(server.0.id());
+        std::thread::sleep(std::time::Duration::from_secs(4));
+        let used = cpu_seconds(server.0.id()) - before;
+        assert!(
+            used < 0.05,
+            "--ranks {ranks}: {used:.2} CPU s in 4 s of waiting"
+        );
+    }
 }

@@ -45,6 +45,13 @@ use crate::source::Inputs;
 /// worker held up by a full loader does not spin.
 pub(super) const PARK: Duration = Duration::from_millis(1);
 
+/// Longest a worker waiting on the others' progress parks, its park doubling from [`PARK`]
+/// while it waits: their messages wake it at once, so this bounds only how late it sees
+/// what no message brings (a failure elsewhere). A reader held back by a rank no trainer
+/// read woke a thousand times a second at [`PARK`] (2.5% of a core, for as long as a
+/// server waited for its trainers).
+pub(super) const PARK_MAX: Duration = Duration::from_millis(100);
+
 /// How often `execute` calls its `on_tick` while the job runs.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -515,8 +522,10 @@ fn run_worker(
         errors,
     );
     drop(input);
+    let mut park = PARK;
     while !probe.done() {
-        worker.step_or_park(Some(PARK));
+        worker.step_or_park(Some(park));
+        park = (park * 2).min(PARK_MAX);
         fate::abandon_if_failed();
     }
     if let Some(WorkerSink::Batch(s)) = sink.borrow_mut().as_mut() {
