@@ -161,6 +161,12 @@ pub trait Served: Send + Sync + 'static {
         None
     }
 
+    /// Whether this pipeline takes pushed input now: asked when a DoPut starts, so that a
+    /// push to a pipeline that reads files is refused even when it sends no batch.
+    fn takes_pushes(&self) -> Result<(), ServeError> {
+        Err(ServeError::not_pushed(self.name()))
+    }
+
     /// Takes one pushed input batch (DoPut), from `origin` when its producer named itself.
     /// May block while the ranks' queues are full (backpressure on the producer).
     fn accept(&self, _batch: RecordBatch, _origin: Option<Origin>) -> Result<Accepted, ServeError> {

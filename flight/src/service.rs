@@ -504,6 +504,7 @@ impl FlightService for FlightServer {
                 ));
             }
         };
+        pipeline.takes_pushes()?;
         if producer
             .as_ref()
             .is_some_and(|p| p.len() > MAX_PRODUCER_BYTES)

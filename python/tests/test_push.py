@@ -270,6 +270,13 @@ def test_push_to_a_file_pipeline_is_refused(serve, data):
     path, _ = data
     with pytest.raises(HydrantError, match="does not take pushed input"):
         Client(s.uri).push("criteo", pq.read_table(path).slice(0, 10))
+    # Found by a hostile run: a DoPut that sent its schema and no batch ended OK.
+    schema = pq.read_table(path).schema
+    writer, _ = flight.FlightClient(s.uri).do_put(
+        flight.FlightDescriptor.for_path("ingest", "criteo"), schema)
+    with pytest.raises(pa.ArrowInvalid, match="invalid argument.*does not take pushed input"):
+        writer.done_writing()
+        writer.close()
 
 
 def test_a_doput_without_the_ingest_path_is_invalid(pushed):

@@ -530,6 +530,13 @@ impl Served for ServedPipeline {
         }
     }
 
+    fn takes_pushes(&self) -> Result<(), ServeError> {
+        match &self.ingest {
+            Some(ingest) => ingest.takes_pushes(),
+            None => Err(ServeError::not_pushed(&self.name)),
+        }
+    }
+
     fn accept(
         &self,
         batch: arrow::array::RecordBatch,

@@ -175,6 +175,16 @@ impl Pushed {
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether a producer may push now: not to a stream that follows a folder.
+    pub fn takes_pushes(&self) -> Result<(), ServeError> {
+        match self.followed.load(Ordering::Relaxed) {
+            true => Err(ServeError::FailedPrecondition(
+                "this pipeline follows a folder; it takes no pushed input".into(),
+            )),
+            false => Ok(()),
+        }
+    }
+
     /// Admits a pushed batch: checked and featurized, made durable (with a spool), cut
     /// and handed to the ranks' queues (waiting while they are full). A batch its
     /// producer had admitted already is acknowledged again, not admitted twice.
@@ -183,11 +193,7 @@ impl Pushed {
         batch: RecordBatch,
         origin: Option<Origin>,
     ) -> Result<Accepted, ServeError> {
-        if self.followed.load(Ordering::Relaxed) {
-            return Err(ServeError::FailedPrecondition(
-                "this pipeline follows a folder; it takes no pushed input".into(),
-            ));
-        }
+        self.takes_pushes()?;
         let arrived = Arrival {
             at: Instant::now(),
             unit: true,
