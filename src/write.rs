@@ -10,8 +10,19 @@ use std::path::{Path, PathBuf};
 /// (`NAME.tmp`) renamed into place, then its folder synced. On failure the temporary file
 /// is removed and `path` is as it was.
 pub fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    replace_through(path, bytes, ".tmp")
+}
+
+/// [`replace_file`] through a temporary file named for this process (`NAME.PID.tmp`):
+/// for a file that several processes may write at once, each the same bytes (every
+/// process of a cluster writes the fitted state, and on a shared folder one path).
+pub fn replace_file_from_each_process(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    replace_through(path, bytes, &format!(".{}.tmp", std::process::id()))
+}
+
+fn replace_through(path: &Path, bytes: &[u8], suffix: &str) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
+    tmp.push(suffix);
     let tmp = PathBuf::from(tmp);
     let written = File::create(&tmp)
         .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))

@@ -322,3 +322,50 @@ fn write_ipc_file(path: &std::path::Path, batch: &arrow::array::RecordBatch) {
     w.write(batch).unwrap();
     w.finish().unwrap();
 }
+
+/// Found by a hostile run: `gen` called the file it writes an input, and replaced a
+/// pipeline file given as its `--out` with generated rows.
+#[test]
+fn gen_names_its_output_and_does_not_overwrite_other_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no/such/folder/x.parquet");
+    let err = hydrant_err(&[
+        "gen",
+        "criteo",
+        "--rows",
+        "10",
+        "--out",
+        missing.to_str().unwrap(),
+    ]);
+    assert!(err.contains("--out") && !err.contains("input"), "{err}");
+    let toml = dir.path().join("p.toml");
+    std::fs::copy(criteo_toml(), &toml).unwrap();
+    let before = std::fs::read(&toml).unwrap();
+    let err = hydrant_err(&[
+        "gen",
+        "criteo",
+        "--rows",
+        "10",
+        "--out",
+        toml.to_str().unwrap(),
+    ]);
+    assert!(err.contains("not a Parquet file"), "{err}");
+    assert_eq!(std::fs::read(&toml).unwrap(), before);
+    // A Parquet file is replaced, as generating again does.
+    let data = dir.path().join("d.parquet");
+    for rows in ["10", "20"] {
+        let out = hydrant(&[
+            "gen",
+            "criteo",
+            "--rows",
+            rows,
+            "--out",
+            data.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

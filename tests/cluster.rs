@@ -107,6 +107,25 @@ fn fitting_across_processes_matches_one_process() {
             two.to_str().unwrap(),
         ],
     );
+    // Each process writes the state (nodes may not share a folder): here each its own.
+    let apart = |p: usize| dir.path().join(format!("apart-{p}.json"));
+    let children = spawn_cluster_with(dir.path(), 2, 1, |p| {
+        let out = apart(p).to_str().unwrap().to_string();
+        ["fit", "--pipeline", toml, "--input", input_s, "--out", &out]
+            .map(String::from)
+            .to_vec()
+    });
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+    assert_eq!(text(&apart(0)), text(&two));
+    assert_eq!(text(&apart(1)), text(&two));
     let read = |p: &std::path::Path| {
         hydrant::operators::FittedState::from_json(&std::fs::read_to_string(p).unwrap()).unwrap()
     };

@@ -55,9 +55,10 @@ pub fn criteo_with_row_groups(
     if row_group_rows == 0 {
         return Err(Error::Usage("row groups need at least one row".into()));
     }
-    let err = |e: &dyn std::fmt::Display| Error::Input {
-        path: out.into(),
-        reason: one_line(e),
+    // The file written, not an input (found by a hostile run: "input x.parquet: No such
+    // file or directory" for a `--out` in a folder that does not exist).
+    let err = |e: &dyn std::fmt::Display| {
+        Error::Usage(format!("--out {}: {}", out.display(), one_line(e)))
     };
     let schema = criteo_schema();
     let file = File::create(out).map_err(|e| err(&e))?;

@@ -87,6 +87,20 @@ impl Cluster {
             )));
         }
         for (i, line) in lines[..self.processes].iter().enumerate() {
+            // Found by a hostile run: port 0 (and a line with no port) was taken, and each
+            // process waited the join's minute for the other before blaming it.
+            let port = line.rsplit_once(':').and_then(|(host, port)| {
+                let port = port.parse::<u16>().ok().filter(|&p| p > 0);
+                port.filter(|_| !host.is_empty())
+            });
+            if port.is_none() {
+                return Err(Error::Usage(format!(
+                    "hostfile {} lists `{}` for process {i}: an address is HOST:PORT, with a \
+                     port from 1 to 65535",
+                    h.display(),
+                    hydrant_operators::quoted(line)
+                )));
+            }
             if let Some(j) = lines[..i].iter().position(|l| l == line) {
                 return Err(Error::Usage(format!(
                     "hostfile {} lists {line} for processes {j} and {i}: each needs an \
@@ -637,6 +651,27 @@ pub(super) mod tests {
         };
         // Only the first two lines are the job's: a join waits for no third process.
         assert_eq!(two.addresses().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_hostfile_line_that_is_not_host_and_port_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let hosts = dir.path().join("hosts");
+        for line in ["127.0.0.1:0", "garbage", "node:99999", ":7001", "node:"] {
+            std::fs::write(&hosts, format!("127.0.0.1:7001\n{line}\n")).unwrap();
+            let cluster = Cluster {
+                workers: 1,
+                processes: 2,
+                process: 0,
+                hostfile: Some(hosts.clone()),
+                secret: None,
+            };
+            let err = cluster.addresses().unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("`{line}` for process 1")) && err.contains("HOST:PORT"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

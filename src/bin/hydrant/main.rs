@@ -302,6 +302,7 @@ fn dispatch(command: Command) -> Result<()> {
                 },
         } => {
             let t0 = Instant::now();
+            refuse_to_overwrite_other_than_parquet(&out)?;
             hydrant::demo::criteo_with_row_groups(rows, &out, seed, row_group_rows as usize)?;
             println!(
                 "{}",
@@ -320,14 +321,17 @@ fn dispatch(command: Command) -> Result<()> {
             let state = report
                 .state
                 .ok_or_else(|| Error::Dataflow("no worker fitted".into()))?;
-            if cluster.process == 0 {
-                hydrant::write::replace_file(&out, state.to_json().as_bytes()).map_err(|e| {
-                    Error::State {
-                        path: out.clone(),
-                        reason: e.to_string(),
-                    }
-                })?;
-            }
+            // Every process holds the same state, and writes it: the nodes of a cluster
+            // may not share a folder, and each needs the state to run the job. (Only the
+            // first did; found by a hostile run, which found no file where the second
+            // process said it wrote one.)
+            let json = state.to_json();
+            hydrant::write::replace_file_from_each_process(&out, json.as_bytes()).map_err(|e| {
+                Error::State {
+                    path: out.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
             let summary = json!({
                 "pipeline": spec.name, "out": out, "version": state.version,
                 "params": state.params.len(), "fit_s": round3(report.fit.as_secs_f64()),
@@ -338,6 +342,28 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Run(args) => run(&args).map(|s| println!("{s}")),
         Command::Serve(args) => serve::serve(&args),
         Command::Demo { rows, dir, step_ms } => demo::demo(rows, &dir, step_ms),
+    }
+}
+
+/// Refuses `gen --out` onto an existing file that is not Parquet (a pipeline, a state,
+/// anything else by a slip of the hand): found by a hostile run, which replaced its
+/// pipeline file with generated rows. A Parquet file is replaced, as it was generated.
+fn refuse_to_overwrite_other_than_parquet(out: &std::path::Path) -> Result<()> {
+    use std::io::Read;
+    if !out.exists() {
+        return Ok(());
+    }
+    let mut magic = [0u8; 4];
+    let parquet = std::fs::File::open(out)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| &magic == b"PAR1");
+    match parquet || std::fs::metadata(out).is_ok_and(|m| m.len() == 0) {
+        true => Ok(()),
+        false => Err(Error::Usage(format!(
+            "--out {}: exists and is not a Parquet file; it would be overwritten (remove it \
+             first, or give another path)",
+            out.display()
+        ))),
     }
 }
 
