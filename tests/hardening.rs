@@ -351,3 +351,79 @@ steps = ["hash_bucket(65536)", "one_hot(65536)"]
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Found by a hostile run: Ctrl-C during a run into `parquet:DIR` left the unfinished part
+/// files (95 MB each) and said nothing, and the next run into the folder was refused
+/// because of them. Now the signal removes them, with one line, and the folder takes the
+/// next run.
+#[test]
+fn a_run_stopped_by_a_signal_removes_its_unfinished_part_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = gen_criteo(dir.path(), 20_000, 4);
+    let state = dir.path().join("state.json");
+    fit_criteo(&input, &state);
+    let out = dir.path().join("out");
+    let sink = format!("parquet:{}", out.display());
+    let toml = criteo_toml();
+    let args = |epochs: &str| {
+        [
+            "run",
+            "--pipeline",
+            toml.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--state",
+            state.to_str().unwrap(),
+            "--ranks",
+            "2",
+            "--sink",
+            &sink,
+            "--epochs",
+            epochs,
+        ]
+        .map(String::from)
+    };
+    let unfinished = || {
+        std::fs::read_dir(&out).map_or(0, |d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+                .count()
+        })
+    };
+    for (signal, status) in [("-INT", 130), ("-TERM", 143)] {
+        let child = Command::new(env!("CARGO_BIN_EXE_hydrant"))
+            .args(args("100000"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while unfinished() == 0 {
+            assert!(started.elapsed() < Duration::from_secs(30), "no part file");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Past the moment the run set up its handler, which is before it writes.
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args([signal, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let done = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr).trim().to_string();
+        assert_eq!(done.status.code(), Some(status), "{signal}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("part file(s) removed"), "{stderr}");
+        assert_eq!(unfinished(), 0, "{signal}");
+        let next = Command::new(env!("CARGO_BIN_EXE_hydrant"))
+            .args(args("1"))
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&next.stderr);
+        assert!(next.status.success(), "{signal}: {said}");
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}

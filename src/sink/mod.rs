@@ -99,6 +99,27 @@ impl SinkSpec {
         Ok(())
     }
 
+    /// Removes the part files process `process` has not finished writing (hidden, named
+    /// `.part-p{process}-w….parquet.tmp`), as a run stopped part-way must: the next run
+    /// into the folder would refuse them. Returns how many; nothing for other sinks.
+    pub fn remove_unfinished(&self, process: usize) -> usize {
+        let SinkSpec::Parquet(dir) = self else {
+            return 0;
+        };
+        let prefix = format!(".part-p{process}-");
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with(&prefix) && name.ends_with(".parquet.tmp")
+            })
+            .filter(|e| std::fs::remove_file(e.path()).is_ok())
+            .count()
+    }
+
     /// Opens the sink of one worker, for rank batches of `schema`.
     pub fn open(
         &self,

@@ -345,6 +345,48 @@ fn dispatch(command: Command) -> Result<()> {
     }
 }
 
+/// On SIGINT or SIGTERM, removes the part files this process has not finished and exits
+/// with one line (status 130 or 143, as a shell reports the signal). Found by a hostile
+/// run: Ctrl-C left 95 MB `.tmp` files and said nothing, and the next run into the
+/// folder was refused because of them. A signal before the handler is set up still ends
+/// the run as before (the next run names the files).
+fn remove_unfinished_on_signal(sink: &SinkSpec, process: usize) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let sink = sink.clone();
+    let watch = move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        let status = runtime.block_on(async {
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return None;
+            };
+            tokio::select! {
+                _ = int.recv() => Some(130),
+                _ = term.recv() => Some(143),
+            }
+        });
+        if let Some(status) = status {
+            let removed = sink.remove_unfinished(process);
+            eprintln!(
+                "hydrant: stopped by a signal before the run finished; {removed} unfinished \
+                 part file(s) removed from {sink}"
+            );
+            std::process::exit(status);
+        }
+    };
+    // Without the thread a signal ends the run as it did, leaving the files.
+    let _ = std::thread::Builder::new()
+        .name("hydrant-signals".into())
+        .spawn(watch);
+}
+
 /// Refuses `gen --out` onto an existing file that is not Parquet (a pipeline, a state,
 /// anything else by a slip of the hand): found by a hostile run, which replaced its
 /// pipeline file with generated rows. A Parquet file is replaced, as it was generated.
@@ -635,6 +677,7 @@ fn run(args: &RunArgs) -> Result<serde_json::Value> {
         running.join()?
     } else {
         sink.prepare(cluster.process).map_err(told)?;
+        remove_unfinished_on_signal(&sink, cluster.process);
         job.output = Some(Output::Sink(sink.clone()));
         runtime::execute(job, &cluster, tick)?
     };
