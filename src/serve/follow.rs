@@ -462,7 +462,7 @@ impl Follower {
                 .append(&begin)
                 .map_err(|e| append_failed(e, false))?;
         }
-        let (rows, error) = self.admit_rows(&pushed, rx, a.rows, since)?;
+        let (rows, error) = self.admit_rows(&pushed, rx, a.rows, since, &a.file)?;
         // Clients are told the file's name in the folder, not the server's path.
         let path = self.read.dir.join(&a.file).display().to_string();
         let mut error = error.map(|e| e.replace(&path, &a.file));
@@ -501,7 +501,7 @@ impl Follower {
         Ok(())
     }
 
-    /// Admits the rows of the file `rx` brings next (at most `limit`), whose admission
+    /// Admits the rows of `file`, which `rx` brings next (at most `limit`), whose admission
     /// began at `since`; returns how many, and why it stopped short, if it did. A file
     /// that cannot be read from some batch on is skipped from there (the rows before it
     /// stay admitted, as they were delivered).
@@ -511,6 +511,7 @@ impl Follower {
         rx: &Receiver<Read>,
         limit: Option<u64>,
         since: Instant,
+        file: &str,
     ) -> std::result::Result<(u64, Option<String>), Stop> {
         let (mut rows, mut first, mut error, mut open) = (0u64, true, None, true);
         loop {
@@ -542,13 +543,18 @@ impl Follower {
             match pushed.admit_followed(data, since, std::mem::take(&mut first)) {
                 Ok(()) => rows += n,
                 Err(ServeError::InvalidArgument(e)) => (error, open) = (Some(e), false),
-                // Ended (`end_ingest`), or failed and said so already.
-                Err(_)
-                    if pushed.counts.ended.load(Ordering::SeqCst)
-                        || pushed.replay_failed().is_some() =>
-                {
+                // Ended (`end_ingest`, a signal to `run --follow`) part-way through the
+                // file: said, as a hostile run found the rest of a file left out without a
+                // word. Or failed, and said so already.
+                Err(_) if pushed.counts.ended.load(Ordering::SeqCst) => {
+                    let why = format!(
+                        "the input was ended while it was being admitted: its first {rows} \
+                         rows were admitted, and the rest will not be"
+                    );
+                    self.counts.skip(file, &why);
                     return Err(Stop::Over);
                 }
+                Err(_) if pushed.replay_failed().is_some() => return Err(Stop::Over),
                 // The stream cannot go on (its first statistics cannot be fitted, the
                 // dataflow failed): said in the log and to every trainer, not let go.
                 Err(e) => return Err(Stop::Failed(e.to_string())),
