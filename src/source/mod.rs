@@ -185,8 +185,8 @@ impl Inputs {
         self.files.iter().map(|f| f.len)
     }
 
-    /// A hash of blocks spread over each input file, in input order (see
-    /// [`sample_hash`]): with the files' sizes, what tells the same files from others of
+    /// A hash of blocks spread over each input file (16 of 4 KiB, or the file whole when
+    /// smaller), in input order: with the files' sizes, what tells the same files from others of
     /// the same sizes, or the same files in another order. A file that cannot be read
     /// now hashes as 0 (its read fails later, naming it).
     pub fn file_samples(&self) -> impl Iterator<Item = u64> + '_ {
