@@ -328,27 +328,22 @@ fn write_ipc_file(path: &std::path::Path, batch: &arrow::array::RecordBatch) {
 #[test]
 fn gen_names_its_output_and_does_not_overwrite_other_files() {
     let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("no/such/folder/x.parquet");
-    let err = hydrant_err(&[
-        "gen",
-        "criteo",
-        "--rows",
-        "10",
-        "--out",
-        missing.to_str().unwrap(),
-    ]);
+    let gen_err = |out: &std::path::Path| {
+        hydrant_err(&[
+            "gen",
+            "criteo",
+            "--rows",
+            "10",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    let err = gen_err(&dir.path().join("no/such/folder/x.parquet"));
     assert!(err.contains("--out") && !err.contains("input"), "{err}");
     let toml = dir.path().join("p.toml");
     std::fs::copy(criteo_toml(), &toml).unwrap();
     let before = std::fs::read(&toml).unwrap();
-    let err = hydrant_err(&[
-        "gen",
-        "criteo",
-        "--rows",
-        "10",
-        "--out",
-        toml.to_str().unwrap(),
-    ]);
+    let err = gen_err(&toml);
     assert!(err.contains("not a Parquet file"), "{err}");
     assert_eq!(std::fs::read(&toml).unwrap(), before);
     // A Parquet file is replaced, as generating again does.

@@ -409,16 +409,7 @@ fn processes_given_other_data_of_the_same_shape_refuse_to_run() {
         }
         args
     });
-    for (p, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        assert!(!out.status.success(), "process {p} succeeded: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(
-            stderr.contains("runs another job: its input is"),
-            "{stderr}"
-        );
-    }
+    every_process_refuses(children, "runs another job: its input is", "other data");
 }
 
 /// Found by a hostile run: processes whose pipelines differed only in their steps (a
@@ -479,16 +470,23 @@ fn processes_with_other_pipelines_or_files_in_another_order_refuse_to_run() {
             }
             args
         });
-        for (p, child) in children.into_iter().enumerate() {
-            let out = child.wait_with_output().unwrap();
-            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-            assert!(!out.status.success(), "{what}: process {p} succeeded");
-            assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
-            assert!(
-                stderr.contains(&format!("runs another job: its {expected}")),
-                "{what}: {stderr}"
-            );
-        }
+        let needle = format!("runs another job: its {expected}");
+        every_process_refuses(children, &needle, what);
+    }
+}
+
+/// Waits for `children`, a cluster's processes: each must fail with one line that holds
+/// `needle` (`what` names the case in a failure).
+fn every_process_refuses(children: Vec<std::process::Child>, needle: &str, what: &str) {
+    for (p, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        assert!(
+            !out.status.success(),
+            "{what}: process {p} succeeded: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
+        assert!(stderr.contains(needle), "{what}: {stderr}");
     }
 }
 

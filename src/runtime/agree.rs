@@ -101,7 +101,7 @@ fn describe_input(inputs: &Inputs) -> String {
     let mut sizes = std::collections::hash_map::DefaultHasher::new();
     units.iter().for_each(|u| u.rows.hash(&mut sizes));
     inputs.file_bytes().for_each(|b| b.hash(&mut sizes));
-    inputs.file_samples().for_each(|h| h.hash(&mut sizes));
+    inputs.file_samples().hash(&mut sizes);
     format!(
         "{} rows in {} units of {} bytes ({:016x})",
         units.iter().map(|u| u.rows).sum::<u64>(),

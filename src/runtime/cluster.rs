@@ -89,11 +89,10 @@ impl Cluster {
         for (i, line) in lines[..self.processes].iter().enumerate() {
             // Found by a hostile run: port 0 (and a line with no port) was taken, and each
             // process waited the join's minute for the other before blaming it.
-            let port = line.rsplit_once(':').and_then(|(host, port)| {
-                let port = port.parse::<u16>().ok().filter(|&p| p > 0);
-                port.filter(|_| !host.is_empty())
+            let host_and_port = line.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
             });
-            if port.is_none() {
+            if !host_and_port {
                 return Err(Error::Usage(format!(
                     "hostfile {} lists `{}` for process {i}: an address is HOST:PORT, with a \
                      port from 1 to 65535",

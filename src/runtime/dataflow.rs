@@ -50,7 +50,18 @@ pub(super) const PARK: Duration = Duration::from_millis(1);
 /// what no message brings (a failure elsewhere). A reader held back by a rank no trainer
 /// read woke a thousand times a second at [`PARK`] (2.5% of a core, for as long as a
 /// server waited for its trainers).
-pub(super) const PARK_MAX: Duration = Duration::from_millis(100);
+const PARK_MAX: Duration = Duration::from_millis(100);
+
+/// Steps `worker` while `waiting()`, parking between steps from [`PARK`] up to
+/// [`PARK_MAX`]; a failure elsewhere ends the wait (see [`fate`]).
+pub(super) fn wait_on_progress(worker: &mut Worker, mut waiting: impl FnMut() -> bool) {
+    let mut park = PARK;
+    while waiting() {
+        worker.step_or_park(Some(park));
+        park = (park * 2).min(PARK_MAX);
+        fate::abandon_if_failed();
+    }
+}
 
 /// How often `execute` calls its `on_tick` while the job runs.
 const TICK: Duration = Duration::from_millis(100);
@@ -522,12 +533,7 @@ fn run_worker(
         errors,
     );
     drop(input);
-    let mut park = PARK;
-    while !probe.done() {
-        worker.step_or_park(Some(park));
-        park = (park * 2).min(PARK_MAX);
-        fate::abandon_if_failed();
-    }
+    wait_on_progress(worker, || !probe.done());
     if let Some(WorkerSink::Batch(s)) = sink.borrow_mut().as_mut() {
         s.finish()?;
     }

@@ -12,7 +12,7 @@ use timely::container::CapacityContainerBuilder;
 use timely::dataflow::{InputHandle, ProbeHandle};
 use timely::worker::Worker;
 
-use super::dataflow::{Job, PARK, PARK_MAX};
+use super::dataflow::{Job, wait_on_progress};
 use crate::delivery::{Delivery, EpochPlan, Ownership, Read, rank_rows};
 use crate::error::{Error, Result};
 use crate::source::Inputs;
@@ -80,12 +80,7 @@ pub(super) fn read_epochs(
             // Step at least once per batch: this worker may own ranks, and assembling
             // them must not wait for the slack to fill.
             worker.step();
-            let mut park = PARK;
-            while probe.less_than(&time.saturating_sub(slack)) {
-                worker.step_or_park(Some(park));
-                park = (park * 2).min(PARK_MAX);
-                super::fate::abandon_if_failed();
-            }
+            wait_on_progress(worker, || probe.less_than(&time.saturating_sub(slack)));
             if errors.get().is_some() {
                 return;
             }

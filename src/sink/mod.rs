@@ -73,7 +73,7 @@ impl SinkSpec {
             )));
         }
         std::fs::create_dir_all(dir).map_err(|e| err(one_line(e)))?;
-        let prefix = format!("part-p{process}-");
+        let prefix = part_prefix(process);
         for entry in std::fs::read_dir(dir)
             .map_err(|e| err(one_line(e)))?
             .flatten()
@@ -106,7 +106,7 @@ impl SinkSpec {
         let SinkSpec::Parquet(dir) = self else {
             return 0;
         };
-        let prefix = format!(".part-p{process}-");
+        let prefix = format!(".{}", part_prefix(process));
         let Ok(entries) = std::fs::read_dir(dir) else {
             return 0;
         };
@@ -114,7 +114,7 @@ impl SinkSpec {
             .flatten()
             .filter(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                name.starts_with(&prefix) && name.ends_with(".parquet.tmp")
+                name.starts_with(&prefix) && name.ends_with(".tmp")
             })
             .filter(|e| std::fs::remove_file(e.path()).is_ok())
             .count()
@@ -134,7 +134,7 @@ impl SinkSpec {
                 reason: "is fed by loaders, not written by workers".into(),
             }),
             SinkSpec::Parquet(dir) => {
-                let name = format!("part-p{process}-w{worker:04}.parquet");
+                let name = format!("{}w{worker:04}.parquet", part_prefix(process));
                 // Written under a hidden name and renamed once whole: a run that fails or is
                 // stopped leaves no file that looks finished.
                 let (path, writing) = (dir.join(&name), dir.join(format!(".{name}.tmp")));
@@ -173,6 +173,12 @@ pub trait BatchSink {
     fn write(&mut self, batch: &RankBatch) -> Result<()>;
     /// Flushes and closes; called once after the last batch.
     fn finish(&mut self) -> Result<()>;
+}
+
+/// How the names of process `process`'s part files begin (`part-pP-`, then `wW.parquet`);
+/// one being written is hidden, `.NAME.tmp`, until whole.
+fn part_prefix(process: usize) -> String {
+    format!("part-p{process}-")
 }
 
 struct NullSink;

@@ -17,9 +17,12 @@ use parquet::arrow::arrow_reader::{ParquetRecordBatchReaderBuilder, RowSelection
 use crate::error::{Error, Result, one_line};
 
 mod cache;
+mod files;
 mod footer;
 mod ipc;
 use cache::UnitCache;
+pub use files::is_data_file;
+use files::{expand, sample_hash};
 use footer::ParquetFooter;
 use ipc::{IpcFooter, open_ipc, read_ipc_file};
 
@@ -75,6 +78,8 @@ pub struct Inputs {
     projection: Vec<Option<Vec<usize>>>,
     /// Units kept after their first read (`--cache-mib`).
     cache: Option<Arc<UnitCache>>,
+    /// [`Inputs::file_samples`], read once.
+    samples: std::sync::OnceLock<Vec<u64>>,
 }
 
 impl Inputs {
@@ -160,6 +165,7 @@ impl Inputs {
             batch_rows,
             projection,
             cache: None,
+            samples: std::sync::OnceLock::new(),
         })
     }
 
@@ -188,12 +194,14 @@ impl Inputs {
     /// A hash of blocks spread over each input file (16 of 4 KiB, or the file whole when
     /// smaller), in input order: with the files' sizes, what tells the same files from others of
     /// the same sizes, or the same files in another order. A file that cannot be read
-    /// now hashes as 0 (its read fails later, naming it).
-    pub fn file_samples(&self) -> impl Iterator<Item = u64> + '_ {
-        self.files.iter().map(|f| {
-            let file = open_regular(&f.path).ok();
-            file.and_then(|file| sample_hash(&file, f.len).ok())
-                .unwrap_or(0)
+    /// now hashes as 0 (its read fails later, naming it). Read once, when first asked.
+    pub fn file_samples(&self) -> &[u64] {
+        self.samples.get_or_init(|| {
+            let sample = |f: &InputFile| {
+                let file = open_regular(&f.path).ok()?;
+                sample_hash(&file, f.len).ok()
+            };
+            self.files.iter().map(|f| sample(f).unwrap_or(0)).collect()
         })
     }
 
@@ -564,90 +572,6 @@ pub(crate) fn with_row_id(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
-/// Whether a folder given as `--input` reads the file at `path`: a `.parquet`, `.arrow`,
-/// `.ipc` or `.feather` file that is neither hidden nor `_`-prefixed (`.part-0.crc`,
-/// `_SUCCESS` and `_metadata` are not data, as Spark and pyarrow.dataset treat them).
-pub fn is_data_file(path: &Path) -> bool {
-    is_data(path)
-        && path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| matches!(e, "parquet" | "arrow" | "ipc" | "feather"))
-}
-
-/// Whether `path`'s name is not hidden or `_`-prefixed, as data's are.
-fn is_data(path: &Path) -> bool {
-    let name = path.file_name().and_then(|n| n.to_str());
-    name.is_some_and(|n| !n.starts_with('.') && !n.starts_with('_'))
-}
-
-/// A path as the files it names: itself, or a folder's data files in name order.
-fn expand(path: &Path) -> Result<Vec<PathBuf>> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::Input {
-        path: path.into(),
-        reason: one_line(e),
-    })?;
-    if !meta.is_dir() {
-        return Ok(vec![path.to_path_buf()]);
-    }
-    let entries: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| Error::Input {
-            path: path.into(),
-            reason: one_line(e),
-        })?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    // A folder is read one level deep. Its sub-folders' rows (a partitioned layout, say)
-    // would otherwise be left out without a word.
-    let mut folders: Vec<&PathBuf> = entries
-        .iter()
-        .filter(|p| p.is_dir() && is_data(p))
-        .collect();
-    folders.sort();
-    if let Some(folder) = folders.first() {
-        let name = folder.file_name().unwrap_or_default().to_string_lossy();
-        return Err(Error::Input {
-            path: path.into(),
-            reason: format!(
-                "holds a sub-folder, {name:?}, and a folder is read one level deep: give \
-                 each folder of data files as an --input (hidden and `_` folders are skipped)"
-            ),
-        });
-    }
-    // A data file's name on something that is not a readable file (a dangling link, a
-    // link loop, a pipe) is an error, as it is when given by name: skipped, its rows
-    // would be missing without a word.
-    let mut odd: Vec<&PathBuf> = entries
-        .iter()
-        .filter(|p| is_data_file(p) && !p.is_file() && !p.is_dir())
-        .collect();
-    odd.sort();
-    if let Some(odd) = odd.first() {
-        let reason = match std::fs::metadata(odd) {
-            Err(e) => one_line(e),
-            Ok(_) => "not a regular file".into(),
-        };
-        return Err(Error::Input {
-            path: odd.to_path_buf(),
-            reason,
-        });
-    }
-    let mut files: Vec<PathBuf> = entries
-        .into_iter()
-        .filter(|p| p.is_file() && is_data_file(p))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(Error::Input {
-            path: path.into(),
-            reason: "folder holds no .parquet, .arrow, .ipc or .feather files (hidden and \
-                     `_` files are skipped)"
-                .into(),
-        });
-    }
-    Ok(files)
-}
-
 fn open_file(path: &Path) -> Result<InputFile> {
     let err = |reason: String| Error::Input {
         path: path.into(),
@@ -678,33 +602,6 @@ fn open_file(path: &Path) -> Result<InputFile> {
         return open_ipc(path, true, meta.len());
     }
     Err(err("not a Parquet or Arrow IPC file".into()))
-}
-
-/// Blocks [`sample_hash`] reads from a file, and their size: 64 KiB a file at most.
-const SAMPLES: u64 = 16;
-const SAMPLE_BYTES: u64 = 4 << 10;
-
-/// A hash of [`SAMPLES`] blocks of [`SAMPLE_BYTES`] spread evenly over `file` (`len`
-/// bytes) from its first byte to its last; a smaller file is hashed whole. Reading every
-/// file whole would read the input once more on every process before a cluster starts;
-/// blocks tell files apart that differ in their data anywhere but in a few narrow gaps
-/// (other files, of a size by chance the same). Hand-written: a few lines over `pread`.
-fn sample_hash(file: &std::fs::File, len: u64) -> std::io::Result<u64> {
-    use std::hash::{Hash, Hasher};
-    use std::os::unix::fs::FileExt;
-    let mut hash = std::collections::hash_map::DefaultHasher::new();
-    let mut block = vec![0u8; SAMPLE_BYTES as usize];
-    let span = len.saturating_sub(SAMPLE_BYTES);
-    for k in 0..SAMPLES {
-        let at = span * k / (SAMPLES - 1);
-        let n = (len - at).min(SAMPLE_BYTES) as usize;
-        file.read_exact_at(&mut block[..n], at)?;
-        block[..n].hash(&mut hash);
-        if span == 0 {
-            break;
-        }
-    }
-    Ok(hash.finish())
 }
 
 /// Parquet column chunks whose footers, decoded whole (~420 bytes each), are worth handing

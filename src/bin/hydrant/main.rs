@@ -302,7 +302,7 @@ fn dispatch(command: Command) -> Result<()> {
                 },
         } => {
             let t0 = Instant::now();
-            refuse_to_overwrite_other_than_parquet(&out)?;
+            outputs::refuse_to_overwrite_other_than_parquet(&out)?;
             hydrant::demo::criteo_with_row_groups(rows, &out, seed, row_group_rows as usize)?;
             println!(
                 "{}",
@@ -385,28 +385,6 @@ fn remove_unfinished_on_signal(sink: &SinkSpec, process: usize) {
     let _ = std::thread::Builder::new()
         .name("hydrant-signals".into())
         .spawn(watch);
-}
-
-/// Refuses `gen --out` onto an existing file that is not Parquet (a pipeline, a state,
-/// anything else by a slip of the hand): found by a hostile run, which replaced its
-/// pipeline file with generated rows. A Parquet file is replaced, as it was generated.
-fn refuse_to_overwrite_other_than_parquet(out: &std::path::Path) -> Result<()> {
-    use std::io::Read;
-    if !out.exists() {
-        return Ok(());
-    }
-    let mut magic = [0u8; 4];
-    let parquet = std::fs::File::open(out)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|()| &magic == b"PAR1");
-    match parquet || std::fs::metadata(out).is_ok_and(|m| m.len() == 0) {
-        true => Ok(()),
-        false => Err(Error::Usage(format!(
-            "--out {}: exists and is not a Parquet file; it would be overwritten (remove it \
-             first, or give another path)",
-            out.display()
-        ))),
-    }
 }
 
 /// The timely workers of each process: `--workers`, or `default` (one a core if `None`).

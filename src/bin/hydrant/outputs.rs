@@ -97,6 +97,24 @@ fn resolved(path: &Path) -> Option<PathBuf> {
     Some(folder.canonicalize().ok()?.join(name))
 }
 
+/// Refuses `gen --out` onto an existing file that is not Parquet (a pipeline, a state,
+/// anything else by a slip of the hand): found by a hostile run, which replaced its
+/// pipeline file with generated rows. A Parquet file (or an empty one) is replaced, as it
+/// was generated.
+pub(crate) fn refuse_to_overwrite_other_than_parquet(out: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(4);
+    match std::fs::File::open(out).and_then(|f| f.take(4).read_to_end(&mut head)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(_) if head.is_empty() || head == b"PAR1" => Ok(()),
+        _ => Err(Error::Usage(format!(
+            "--out {}: exists and is not a Parquet file; it would be overwritten (remove it \
+             first, or give another path)",
+            out.display()
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
