@@ -23,7 +23,7 @@ mod ipc;
 use cache::UnitCache;
 pub use files::is_data_file;
 use files::{expand, sample_hash};
-use footer::ParquetFooter;
+use footer::{ParquetFooter, Shells};
 use ipc::{IpcFooter, open_ipc, read_ipc_file};
 
 pub use crate::recycle::release_idle as release_idle_read_buffers;
@@ -89,10 +89,10 @@ impl Inputs {
         if paths.is_empty() {
             return Err(Error::Usage("no --input given".into()));
         }
-        let mut files = Vec::new();
+        let (mut files, mut shells) = (Vec::new(), Shells::default());
         for p in paths {
             for path in expand(p)? {
-                files.push(open_file(&path)?);
+                files.push(open_file(&path, &mut shells)?);
             }
         }
         let mut units = Vec::new();
@@ -241,41 +241,35 @@ impl Inputs {
             }
         }
         let strings = plan.string_columns();
+        let mut shells = Shells::default();
+        // The last schema checked, and as hinted: files of one kind share their schema, so
+        // thousands of small files are checked, and hinted, once.
+        let mut last: Option<(SchemaRef, SchemaRef)> = None;
         for (i, f) in self.files.iter_mut().enumerate() {
-            check(&f.schema).map_err(|e| match e {
-                Error::Spec { reason, .. } => Error::Input {
-                    path: f.path.clone(),
-                    reason,
-                },
-                other => other,
-            })?;
+            let hinted = match &last {
+                Some((schema, hinted)) if Arc::ptr_eq(schema, &f.schema) => hinted.clone(),
+                _ => {
+                    check(&f.schema).map_err(|e| match e {
+                        Error::Spec { reason, .. } => Error::Input {
+                            path: f.path.clone(),
+                            reason,
+                        },
+                        other => other,
+                    })?;
+                    let hinted = hint_strings(&f.schema, &strings);
+                    last = Some((f.schema.clone(), hinted.clone()));
+                    hinted
+                }
+            };
             let indices: Vec<usize> = wanted
                 .iter()
                 .filter_map(|c| f.schema.index_of(c).ok())
                 .collect();
             if let Format::Parquet { footer } = &mut f.format {
-                let hinted: Vec<Field> = f
-                    .schema
-                    .fields()
-                    .iter()
-                    .map(|field| match field.data_type() {
-                        t @ (DataType::Utf8 | DataType::LargeUtf8)
-                            if strings.contains(field.name()) =>
-                        {
-                            field.as_ref().clone().with_data_type(DataType::Dictionary(
-                                Box::new(DataType::Int32),
-                                Box::new(t.clone()),
-                            ))
-                        }
-                        _ => field.as_ref().clone(),
-                    })
-                    .collect();
-                footer
-                    .hint(Arc::new(Schema::new(hinted)))
-                    .map_err(|e| Error::Input {
-                        path: f.path.clone(),
-                        reason: one_line(e),
-                    })?;
+                footer.hint(hinted, &mut shells).map_err(|e| Error::Input {
+                    path: f.path.clone(),
+                    reason: one_line(e),
+                })?;
             }
             self.projection[i] = Some(indices);
         }
@@ -572,7 +566,26 @@ pub(crate) fn with_row_id(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
-fn open_file(path: &Path) -> Result<InputFile> {
+/// `schema` with the string columns in `strings` read as dictionaries (each distinct value
+/// is then mapped once).
+fn hint_strings(schema: &Schema, strings: &[String]) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|field| match field.data_type() {
+            t @ (DataType::Utf8 | DataType::LargeUtf8) if strings.contains(field.name()) => {
+                field.as_ref().clone().with_data_type(DataType::Dictionary(
+                    Box::new(DataType::Int32),
+                    Box::new(t.clone()),
+                ))
+            }
+            _ => field.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+fn open_file(path: &Path, shells: &mut Shells) -> Result<InputFile> {
     let err = |reason: String| Error::Input {
         path: path.into(),
         reason,
@@ -582,7 +595,7 @@ fn open_file(path: &Path) -> Result<InputFile> {
     let mut magic = [0u8; 6];
     let n = file.read(&mut magic).map_err(|e| err(one_line(e)))?;
     if n >= 4 && &magic[..4] == b"PAR1" {
-        let footer = hydrant_flight::decode_quietly(|| ParquetFooter::load(&file))
+        let footer = hydrant_flight::decode_quietly(|| ParquetFooter::load(&file, shells))
             .map_err(|panic| err(format!("not a readable Parquet file: {panic}")))?
             .map_err(|e| err(format!("not a readable Parquet file: {}", one_line(e))))?;
         let schema = footer.schema().clone();
