@@ -277,9 +277,9 @@ fn shuffled_rows_land_where_the_plan_places_them() {
         for epoch in 0..2 {
             // Each row's position in the epoch, from the order its units are read in.
             let mut pos = BTreeMap::new();
-            for (u, at, rows) in plan.unit_positions(epoch) {
-                for k in 0..rows {
-                    pos.insert(first_row[u] + k, at + k);
+            for s in plan.unit_positions(epoch) {
+                for k in 0..s.rows {
+                    pos.insert(first_row[s.unit] + s.skip + k, s.pos + k);
                 }
             }
             for p in placed.iter().filter(|p| p.epoch == epoch && !p.is_padding) {

@@ -325,7 +325,7 @@ pub(crate) mod tests {
         chunk: usize,
         scramble: u64,
     ) -> Vec<Vec<RankBatch>> {
-        let rows_total = plan.rows();
+        let rows_total = plan.positions();
         let deliver = (start * plan.step_rows()).min(plan.delivered_rows())..plan.delivered_rows();
         let mut pieces = Vec::new();
         for read in plan.reads(epoch, 0..plan.world_size(), true, start) {

@@ -68,7 +68,7 @@ impl Owning {
     /// Rows of each epoch, `None` for a stream.
     fn rows(&self) -> Option<u64> {
         match self {
-            Owning::Epochs(d) => Some(d.plan.rows()),
+            Owning::Epochs(d) => Some(d.plan.positions()),
             Owning::Stream { .. } => None,
         }
     }

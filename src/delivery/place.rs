@@ -59,7 +59,7 @@ impl<'s> PlaceRows<'s> for StreamVec<'s, u64, Batch> {
                 let _running = hydrant_operators::running::enter("place");
                 input.for_each(|time, data| {
                     let mut session = output.session(&time);
-                    let (plan, rows) = (&delivery.plan, delivery.plan.rows());
+                    let (plan, rows) = (&delivery.plan, delivery.plan.positions());
                     for b in data.drain(..) {
                         if rows == 0 {
                             continue;

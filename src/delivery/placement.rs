@@ -12,7 +12,10 @@
 //! `W·F·B` positions are cut into `W` *shares* of `F·B` consecutive positions: share `r`
 //! is all of rank `r`'s rows of the full steps, in step order. The remaining positions
 //! (fewer than `W·B`, the *tail*) are the last step, laid out across ranks as output
-//! indices are (`pad`), or left out (`drop`). So a rank's rows are one contiguous run of
+//! indices are (`pad`), or left out (`drop`). A shuffled epoch that drops leaves those rows
+//! out before it places any, as a run of the rows it reads that starts at an offset drawn
+//! per epoch, so that other rows are left out each epoch (see `EpochPlan::hole_at`); its
+//! positions are then the other rows'. So a rank's rows are one contiguous run of
 //! positions, and a process reads only the units that feed its own ranks: rows cross
 //! processes only in the tail (see `EpochPlan::reads`).
 //!
@@ -44,7 +47,10 @@ use super::permute::{Permutation, mix, shuffle};
 use super::window::WindowOrder;
 use crate::error::{Error, Result};
 
-/// The version of the order this plan produces: 7 rounds the default shuffle window to a
+/// The version of the order this plan produces: 8 leaves out, of a shuffled epoch that drops
+/// its last short step, a run of rows drawn per epoch (`EpochPlan::hole_at`) rather than
+/// its last rows, which with one unit were the same rows every epoch; 7 rounds the default
+/// shuffle window to a
 /// multiple of the batch size ([`Placement::default_window`]; 65,536 rows before), so that
 /// windows are strided whatever `B`; 6 makes each record batch of an Arrow IPC
 /// file a unit of its own (in 5 a file was one unit, so a shuffled epoch of one file never
@@ -53,7 +59,7 @@ use crate::error::{Error, Result};
 /// out step-major with strided windows; 3 permuted every window whole with a
 /// multiply-shift Feistel network (2 had a splitmix round function, 1 was a sequential
 /// shuffle buffer).
-pub const ORDER_VERSION: u32 = 7;
+pub const ORDER_VERSION: u32 = 8;
 
 /// About how many rows a shuffle window holds unless asked otherwise (see
 /// [`Placement::default_window`]).

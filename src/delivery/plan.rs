@@ -2,6 +2,7 @@
 //! order its units are read, and what each reader must read ([`EpochPlan::reads`]) — and
 //! [`Ownership`], which process and worker owns each rank.
 
+use super::permute::mix;
 use super::placement::{LastBatch, Place, Placement};
 use crate::error::Result;
 
@@ -46,6 +47,25 @@ pub struct EpochPlan {
     placement: Placement,
     unit_rows: Vec<u64>,
     rows: u64,
+    /// Rows each epoch leaves out, as a run drawn per epoch ([`EpochPlan::hole_at`]):
+    /// a shuffled epoch dropping its last, short step (`drop`) leaves out other rows each
+    /// epoch, as a sampler that shuffles before it truncates does. Its positions are the
+    /// other rows'. 0 otherwise: an unshuffled epoch drops its last rows.
+    hole: u64,
+}
+
+/// A run of one unit's rows at consecutive positions of an epoch: `rows` rows from the
+/// unit's row `skip`, at positions `pos..`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// The unit (its index in the input).
+    pub unit: usize,
+    /// Rows of the unit before the first.
+    pub skip: u64,
+    /// Position of the first.
+    pub pos: u64,
+    /// Rows in the run.
+    pub rows: u64,
 }
 
 impl EpochPlan {
@@ -58,13 +78,17 @@ impl EpochPlan {
         seed: u64,
         shuffle_window: Option<u64>,
     ) -> Result<Self> {
-        let rows = unit_rows.iter().sum();
-        let placement =
-            Placement::new(world_size, batch_size, last_batch, seed, shuffle_window)?.over(rows);
+        let rows = unit_rows.iter().sum::<u64>();
+        let placement = Placement::new(world_size, batch_size, last_batch, seed, shuffle_window)?;
+        let hole = match (placement.shuffled(), last_batch) {
+            (true, LastBatch::Drop) => rows % placement.step_rows(),
+            _ => 0,
+        };
         Ok(EpochPlan {
-            placement,
+            placement: placement.over(rows - hole),
             unit_rows,
             rows,
+            hole,
         })
     }
 
@@ -76,6 +100,24 @@ impl EpochPlan {
     /// Input rows per epoch.
     pub fn rows(&self) -> u64 {
         self.rows
+    }
+
+    /// Positions per epoch: its rows, less those a shuffled epoch leaves out before it
+    /// places any ([`EpochPlan::hole_at`]). What the placement is over.
+    pub fn positions(&self) -> u64 {
+        self.rows - self.hole
+    }
+
+    /// Where epoch `epoch` leaves out its rows: the rows it reads (units in its order,
+    /// their rows in turn) from this one on, as many as the last step would have held,
+    /// are left out. Drawn from the seed and epoch; `positions()` (past the last row
+    /// placed) when nothing is left out this way.
+    pub fn hole_at(&self, epoch: u64) -> u64 {
+        let positions = self.positions();
+        match self.hole {
+            0 => positions,
+            _ => mix(mix(self.placement.seed() ^ mix(epoch)) ^ HOLE_KEY) % (positions + 1),
+        }
     }
 
     /// Rows of unit `u`.
@@ -105,7 +147,7 @@ impl EpochPlan {
 
     /// Steps each rank takes per epoch.
     pub fn steps(&self) -> u64 {
-        self.placement.steps(self.rows)
+        self.placement.steps(self.positions())
     }
 
     /// Padding rows added per epoch.
@@ -120,7 +162,7 @@ impl EpochPlan {
 
     /// Real rows delivered per epoch.
     pub fn delivered_rows(&self) -> u64 {
-        self.rows.min(self.steps() * self.step_rows())
+        self.positions().min(self.steps() * self.step_rows())
     }
 
     /// How many epochs a run can number: every row's place in the run (`epoch · rows +
@@ -136,7 +178,7 @@ impl EpochPlan {
 
     /// The output index of position `pos` of epoch `epoch`.
     pub fn index(&self, epoch: u64, pos: u64) -> u64 {
-        self.placement.index(epoch, pos, self.rows)
+        self.placement.index(epoch, pos, self.positions())
     }
 
     /// Where position `pos` of epoch `epoch` goes; `None` when it is dropped.
@@ -145,23 +187,43 @@ impl EpochPlan {
         (i < self.delivered_rows()).then(|| self.placement.place(i))
     }
 
-    /// Units in the order epoch `epoch` reads them, as `(unit, first position, rows)`,
-    /// empty ones left out.
-    pub fn unit_positions(&self, epoch: u64) -> Vec<(usize, u64, u64)> {
-        let mut pos = 0;
-        let mut out = Vec::new();
-        for u in self.placement.unit_order(epoch, self.unit_rows.len()) {
-            let rows = self.unit_rows[u];
-            if rows > 0 {
-                out.push((u, pos, rows));
-            }
-            pos += rows;
-        }
-        out
+    /// The rows epoch `epoch` places, as runs of units in the order it reads them:
+    /// whole units, but for those the rows it leaves out cut ([`EpochPlan::hole_at`]).
+    pub fn unit_positions(&self, epoch: u64) -> Vec<Span> {
+        self.spans(epoch).0
     }
 
-    /// The `row_id`s of epoch `epoch` in output order (before dropping and padding): for
-    /// tests and tools, O(rows) memory.
+    /// The runs epoch `epoch` places, and those it leaves out (at positions past
+    /// `positions()`, in the order it reads them).
+    fn spans(&self, epoch: u64) -> (Vec<Span>, Vec<Span>) {
+        let (hole, positions) = (self.hole_at(epoch), self.positions());
+        let (mut placed, mut left) = (Vec::new(), Vec::new());
+        let mut read = 0; // rows read before the unit, left out ones included
+        for u in self.placement.unit_order(epoch, self.unit_rows.len()) {
+            let rows = self.unit_rows[u];
+            // The unit's rows before the hole end at `a`; those in it at `z`.
+            let a = hole.clamp(read, read + rows) - read;
+            let z = (hole + self.hole).clamp(read, read + rows) - read;
+            let run = |to: &mut Vec<Span>, skip: u64, end: u64, pos: u64| {
+                if skip < end {
+                    to.push(Span {
+                        unit: u,
+                        skip,
+                        pos,
+                        rows: end - skip,
+                    });
+                }
+            };
+            run(&mut placed, 0, a, read);
+            run(&mut left, a, z, positions + read + a - hole);
+            run(&mut placed, z, rows, (read + z).saturating_sub(self.hole));
+            read += rows;
+        }
+        (placed, left)
+    }
+
+    /// The `row_id`s of epoch `epoch` in output order (before dropping and padding; rows
+    /// left out before placing come last): for tests and tools, O(rows) memory.
     pub fn order(&self, epoch: u64) -> Vec<u64> {
         let mut first = Vec::with_capacity(self.unit_rows.len());
         let mut row = 0;
@@ -170,9 +232,15 @@ impl EpochPlan {
             row += n;
         }
         let mut out = vec![u64::MAX; self.rows as usize];
-        for (u, pos, rows) in self.unit_positions(epoch) {
-            for k in 0..rows {
-                out[self.index(epoch, pos + k) as usize] = first[u] + k;
+        let (placed, left) = self.spans(epoch);
+        for s in placed {
+            for k in 0..s.rows {
+                out[self.index(epoch, s.pos + k) as usize] = first[s.unit] + s.skip + k;
+            }
+        }
+        for s in left {
+            for k in 0..s.rows {
+                out[(s.pos + k) as usize] = first[s.unit] + s.skip + k;
             }
         }
         out
@@ -212,16 +280,16 @@ impl EpochPlan {
             wanted.push((None, body..self.delivered_rows()));
         }
         let mut reads = Vec::new();
-        for (unit, first, rows) in self.unit_positions(epoch) {
+        for s in self.unit_positions(epoch) {
             for (rank, range) in &wanted {
-                let (lo, hi) = (range.start.max(first), range.end.min(first + rows));
+                let (lo, hi) = (range.start.max(s.pos), range.end.min(s.pos + s.rows));
                 if lo < hi {
                     reads.push(Read {
-                        unit,
-                        skip: lo - first,
+                        unit: s.unit,
+                        skip: s.skip + lo - s.pos,
                         rows: hi - lo,
                         pos: lo,
-                        time: p.time_of(lo, self.rows),
+                        time: p.time_of(lo, self.positions()),
                         rank: *rank,
                     });
                 }
@@ -231,6 +299,9 @@ impl EpochPlan {
         reads
     }
 }
+
+/// Keys where an epoch leaves its rows out (apart from the keys of its windows).
+const HOLE_KEY: u64 = 0x686f_6c65; // "hole"
 
 /// Rows of one unit a reader reads: `rows` rows from the unit's row `skip`, at positions
 /// `pos..` of the epoch; the first has time `time` ([`Placement::time_of`]).
@@ -294,9 +365,9 @@ mod tests {
             let mut indices = HashSet::new();
             let mut slots = HashSet::new();
             let mut per_rank = vec![0u64; w];
-            for pos in 0..p.rows() {
+            for pos in 0..p.positions() {
                 let i = p.index(epoch, pos);
-                prop_assert!(i < p.rows());
+                prop_assert!(i < p.positions());
                 prop_assert!(indices.insert(i));
                 match p.place(epoch, pos) {
                     Some(pl) => {
@@ -313,7 +384,7 @@ mod tests {
             prop_assert_eq!(p.delivered_rows() + p.dropped_rows(), p.rows());
             for (r, &n) in per_rank.iter().enumerate() {
                 let real: u64 = (0..p.steps())
-                    .map(|s| p.placement().real_rows(p.rows(), s, r) as u64)
+                    .map(|s| p.placement().real_rows(p.positions(), s, r) as u64)
                     .sum();
                 prop_assert_eq!(real, n);
             }
@@ -334,14 +405,49 @@ mod tests {
             prop_assert_eq!(order.iter().copied().collect::<HashSet<_>>().len() as u64, p.rows());
         }
 
+        /// A shuffled epoch that drops leaves out, of the rows it reads (units in its
+        /// order, their rows in turn), the run of `rows mod W·B` rows from `hole_at`, and
+        /// places the others at positions 0.. in turn; an unshuffled one leaves out none
+        /// this way.
+        #[test]
+        fn a_shuffled_drop_leaves_out_one_run_of_rows((units, w, b, _pad, window, epoch) in layouts()) {
+            let p = plan(units.clone(), w, b, LastBatch::Drop, window);
+            let first: Vec<u64> = units
+                .iter()
+                .scan(0, |row, &n| { *row += n; Some(*row - n) })
+                .collect();
+            let read: Vec<u64> = p.placement().unit_order(epoch, units.len())
+                .into_iter()
+                .flat_map(|u| first[u]..first[u] + units[u])
+                .collect();
+            let h = if window.is_some() { p.rows() % p.step_rows() } else { 0 };
+            prop_assert_eq!(p.positions(), p.rows() - h);
+            let (d, h) = (p.hole_at(epoch) as usize, h as usize);
+            prop_assert!(d as u64 <= p.positions());
+            let mut placed = vec![u64::MAX; p.positions() as usize];
+            for s in p.unit_positions(epoch) {
+                prop_assert!(s.rows > 0 && s.skip + s.rows <= units[s.unit]);
+                for k in 0..s.rows {
+                    placed[(s.pos + k) as usize] = first[s.unit] + s.skip + k;
+                }
+            }
+            let kept: Vec<u64> = read[..d].iter().chain(&read[d + h..]).copied().collect();
+            prop_assert_eq!(placed, kept);
+            if window.is_some() {
+                let order = p.order(epoch);
+                let dropped: HashSet<u64> = order[p.delivered_rows() as usize..].iter().copied().collect();
+                prop_assert_eq!(dropped, read[d..d + h].iter().copied().collect::<HashSet<_>>());
+            }
+        }
+
         /// A row moves only within its window, which lies in one rank's share (or the
         /// tail).
         #[test]
         fn rows_stay_in_their_window((units, w, b, _pad, window, epoch) in layouts()) {
             let p = plan(units, w, b, LastBatch::Pad, window);
             let pl = p.placement();
-            for pos in 0..p.rows() {
-                let win = pl.window_at(pos, p.rows());
+            for pos in 0..p.positions() {
+                let win = pl.window_at(pos, p.positions());
                 let i = p.index(epoch, pos);
                 let hit = (0..win.len).any(|o| pl.index_in(&win, o) == i);
                 prop_assert!(hit, "position {} went to {} outside {:?}", pos, i, win);
@@ -360,11 +466,11 @@ mod tests {
             let last = if pad { LastBatch::Pad } else { LastBatch::Drop };
             let p = plan(units, w, b, last, window);
             let pl = p.placement();
-            let (share, full) = (pl.share_rows(), p.rows() / p.step_rows());
+            let (share, full) = (pl.share_rows(), p.positions() / p.step_rows());
             prop_assert_eq!(share, full * b as u64);
-            for pos in 0..p.rows() {
+            for pos in 0..p.positions() {
                 let Some(place) = p.place(epoch, pos) else { continue };
-                let t = pl.time_of(pos, p.rows());
+                let t = pl.time_of(pos, p.positions());
                 prop_assert!(pl.step_time(place.step) <= t && t <= place.step);
                 if pos < share * w as u64 {
                     prop_assert_eq!(place.rank as u64, pos / share);
@@ -389,7 +495,7 @@ mod tests {
             let b = b as u64;
             prop_assert!(pl.strided());
             for pos in 0..pl.share_rows() * w as u64 {
-                let win = pl.window_at(pos, p.rows());
+                let win = pl.window_at(pos, p.positions());
                 prop_assert_eq!(win.len % b, 0);
                 let m = win.len / b;
                 let i = p.index(epoch, pos);
@@ -414,13 +520,13 @@ mod tests {
             let cut = cut.min(w);
             let parts = [p.reads(epoch, 0..cut, true, start), p.reads(epoch, cut..w, false, start)];
             let share = p.placement().share_rows();
-            let mut seen = vec![0u32; p.rows() as usize];
+            let mut seen = vec![0u32; p.positions() as usize];
             for (k, reads) in parts.iter().enumerate() {
                 let keys: Vec<_> = reads.iter().map(|r| (r.time, r.pos)).collect();
                 prop_assert!(keys.windows(2).all(|x| x[0] <= x[1]));
                 for r in reads {
                     prop_assert!(r.skip + r.rows <= p.unit_rows(r.unit));
-                    prop_assert_eq!(r.time, p.placement().time_of(r.pos, p.rows()));
+                    prop_assert_eq!(r.time, p.placement().time_of(r.pos, p.positions()));
                     for pos in r.pos..r.pos + r.rows {
                         seen[pos as usize] += 1;
                         let owner = if pos < share * w as u64 { (pos / share) as usize } else { usize::MAX };
@@ -431,7 +537,7 @@ mod tests {
                     }
                 }
             }
-            for pos in 0..p.rows() {
+            for pos in 0..p.positions() {
                 let needed = p.place(epoch, pos).is_some_and(|pl| pl.step >= start);
                 prop_assert!(seen[pos as usize] <= 1);
                 if needed {
@@ -447,9 +553,9 @@ mod tests {
             let p = plan(units, w, b, LastBatch::Pad, window);
             let stream = p.placement().stream();
             let k = stream.window();
-            let full = p.rows() - p.rows() % k;
+            let full = p.positions() - p.positions() % k;
             for pos in 0..full {
-                prop_assert_eq!(stream.index(epoch, pos, u64::MAX), stream.index(epoch, pos, p.rows()));
+                prop_assert_eq!(stream.index(epoch, pos, u64::MAX), stream.index(epoch, pos, p.positions()));
             }
         }
 
@@ -468,6 +574,35 @@ mod tests {
             }
             prop_assert!(owned.iter().all(|&n| n == 1));
         }
+    }
+
+    /// One unit, shuffled, dropping its last short step: the rows left out move from
+    /// epoch to epoch, so that every row is trained on in some epoch (they were once
+    /// always the unit's last rows).
+    #[test]
+    fn a_shuffled_drop_leaves_out_other_rows_each_epoch() {
+        let p = plan(vec![1000], 2, 64, LastBatch::Drop, Some(256));
+        assert_eq!((p.dropped_rows(), p.positions()), (1000 % 128, 896));
+        let dropped = |epoch| -> HashSet<u64> {
+            let order = p.order(epoch);
+            order[p.delivered_rows() as usize..]
+                .iter()
+                .copied()
+                .collect()
+        };
+        let epochs: Vec<_> = (0..8).map(dropped).collect();
+        assert!(epochs.windows(2).all(|e| e[0] != e[1]), "{epochs:?}");
+        let never: HashSet<u64> = epochs
+            .iter()
+            .fold((0..1000).collect(), |never, e| &never & e);
+        assert!(
+            never.is_empty(),
+            "rows {never:?} are left out of all 8 epochs"
+        );
+        // Unshuffled, the last rows are left out, as before.
+        let p = plan(vec![1000], 2, 64, LastBatch::Drop, None);
+        assert_eq!(p.positions(), 1000);
+        assert_eq!(p.order(0)[896..], (896..1000).collect::<Vec<u64>>()[..]);
     }
 
     #[test]
@@ -502,6 +637,16 @@ mod tests {
     }
 
     const PINNED: [u64; 8] = [2, 1, 0, 4, 3, 5, 7, 6];
+
+    #[test]
+    fn a_fixed_seed_leaves_out_fixed_rows() {
+        // Pinned as above: 9 rows in steps of 2, one left out, where epoch 0 draws it.
+        let p = plan(vec![5, 4], 1, 2, LastBatch::Drop, Some(4));
+        assert_eq!((p.hole_at(0), &p.order(0)[..]), (1, &PINNED_HOLE[..]));
+    }
+
+    /// The row read second (row 1) is left out, last in the order.
+    const PINNED_HOLE: [u64; 9] = [2, 4, 0, 3, 5, 7, 6, 8, 1];
 
     #[test]
     fn a_fixed_seed_gives_a_fixed_strided_order() {

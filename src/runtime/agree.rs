@@ -82,6 +82,8 @@ fn describe(
             },
         ),
         ("--seed", p.seed().to_string()),
+        // Builds of other orders place the same options' rows elsewhere.
+        ("order version", crate::delivery::ORDER_VERSION.to_string()),
         ("--epochs", d.epochs.to_string()),
         ("--start-epoch", d.start_epoch.to_string()),
         ("--start-step", d.start_step.to_string()),

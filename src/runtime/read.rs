@@ -69,7 +69,9 @@ pub(super) fn read_epochs(
                     Err(e) => return e.record_in(errors, crate::error::origin::SOURCE),
                 }
             }
-            b.seq = epoch.saturating_mul(d.plan.rows()).saturating_add(first);
+            b.seq = epoch
+                .saturating_mul(d.plan.positions())
+                .saturating_add(first);
             job.featurized
                 .fetch_add(b.data.num_rows() as u64, Ordering::Relaxed);
             // The worker moves on to the batch's time before it waits to send it: owners
@@ -253,7 +255,7 @@ impl Reading {
                     // (cut at every window, a 16-row window took 1.84 s against 0.39 s).
                     // A batch that ends exactly at its share's end (a short last window)
                     // is not cut: every window it holds is then whole.
-                    let w = placement.window_at(self.read.pos + take - 1, plan.rows());
+                    let w = placement.window_at(self.read.pos + take - 1, plan.positions());
                     if w.start > self.read.pos && w.start + w.len > self.read.pos + take {
                         w.start - self.read.pos
                     } else {
@@ -275,7 +277,7 @@ impl Reading {
             let first = self.read.pos;
             (self.skip, self.left) = (0, self.left - take);
             self.read.pos += take;
-            self.read.time = placement.time_of(self.read.pos, plan.rows());
+            self.read.time = placement.time_of(self.read.pos, plan.positions());
             return Ok(Some((first, b)));
         }
         if std::mem::take(&mut self.to_end)
@@ -304,7 +306,7 @@ fn rows_of(
     let keep = rank_rows(
         placement,
         epoch,
-        d.plan.rows(),
+        d.plan.positions(),
         first,
         n,
         &d.indices(epoch),
