@@ -65,6 +65,7 @@ pub fn export(addr: SocketAddr) -> crate::Result<SocketAddr> {
     let handle = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| usage(&e))?;
+    describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(UPKEEP);
@@ -75,6 +76,64 @@ pub fn export(addr: SocketAddr) -> crate::Result<SocketAddr> {
     });
     tokio::spawn(serve(listener, handle));
     Ok(local)
+}
+
+/// Gives every metric its `# HELP` line, and the counters without labels their 0, so that a
+/// scrape before any rows (and `rate()` over the first ones) sees them. Labelled series
+/// (a rank's, a reason's) appear with their first value.
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        ROWS_OUT,
+        "Featurized rows leaving the dataflow's sinks, by stage."
+    );
+    describe_counter!(
+        ADMITTED_ROWS,
+        "Rows admitted to a stream: pushed, or read from followed files."
+    );
+    describe_histogram!(
+        ADMISSION_TO_DELIVERY,
+        Unit::Seconds,
+        "From an admission (a followed file, a pushed batch) to the first batch delivered at or past its first row."
+    );
+    describe_gauge!(
+        EVENT_TIME_LAG,
+        Unit::Seconds,
+        "How old the newest event of the latest delivered admission was when delivered."
+    );
+    describe_counter!(
+        STATE_VERSIONS,
+        "State versions made by refreshed statistics."
+    );
+    describe_counter!(
+        STATS_OVERFLOWED,
+        "Refreshed parameters whose statistics overflowed, kept at their version before."
+    );
+    describe_counter!(PUSH_REJECTED, "Pushed batches rejected, by reason.");
+    describe_counter!(
+        FOLLOW_SKIPPED,
+        "Followed files skipped, wholly or from a bad batch on."
+    );
+    describe_counter!(RANK_BATCHES, "Batches sent to a rank over Flight.");
+    describe_counter!(
+        RANK_BYTES,
+        Unit::Bytes,
+        "Bytes of the batches sent to a rank over Flight."
+    );
+    describe_gauge!(
+        RANK_STALL_SECONDS,
+        Unit::Seconds,
+        "Seconds a rank's stream waited for its next batch (only ever increases)."
+    );
+    describe_gauge!(RANK_QUEUE_DEPTH, "Batches queued for a rank.");
+    for name in [
+        ADMITTED_ROWS,
+        STATE_VERSIONS,
+        STATS_OVERFLOWED,
+        FOLLOW_SKIPPED,
+    ] {
+        metrics::counter!(name).absolute(0);
+    }
 }
 
 /// Answers scrapes on `listener`, one short-lived connection at a time each.

@@ -270,6 +270,10 @@ def test_metrics_are_exported_for_prometheus(serve):
     s = serve("--ranks", "2", "--batch-size", "5000", "--metrics-listen", "127.0.0.1:0")
     metrics = s.ready["metrics"]
     assert metrics.startswith("127.0.0.1:") and not metrics.endswith(":0"), metrics
+    # Before any rows: the unlabelled counters are there, at 0, described.
+    first = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
+    assert "# HELP hydrant_admitted_rows_total " in first, first
+    assert "\nhydrant_admitted_rows_total 0\n" in first, first
     read_all(Client(s.uri), range(2), 2)
     text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
     with pytest.raises(urllib.error.HTTPError) as other_path:
@@ -282,6 +286,7 @@ def test_metrics_are_exported_for_prometheus(serve):
     rows_out = [line for line in text.splitlines() if line.startswith("hydrant_rows_out_total")]
     assert rows_out == [f'hydrant_rows_out_total{{stage="sink"}} {ROWS}'], rows_out
     assert "hydrant_rank_stall_seconds_total" in text and "hydrant_rank_queue_depth" in text
+    assert "# HELP hydrant_rows_out_total " in text and "# HELP hydrant_rank_bytes_total " in text
 
 
 def test_sigterm_shuts_down_even_with_a_stalled_stream(serve):
