@@ -35,7 +35,9 @@ pub use own::{Owning, own};
 pub use permute::Permutation;
 pub use piece::{Piece, rank_rows, split, split_at};
 pub use place::PlaceRows;
-pub use placement::{DEFAULT_WINDOW_ROWS, LastBatch, ORDER_VERSION, Place, Placement};
+pub use placement::{
+    DEFAULT_WINDOW_ROWS, LastBatch, ORDER_VERSION, Place, Placement, STREAM_ORDER_VERSION,
+};
 pub use plan::{EpochPlan, Ownership, Read};
 pub use wire::Pieces;
 

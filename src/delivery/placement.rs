@@ -61,6 +61,12 @@ use crate::error::{Error, Result};
 /// shuffle buffer).
 pub const ORDER_VERSION: u32 = 8;
 
+/// The order version a stream (pushed or followed input) is placed by, which a stream's
+/// state directory records: versions since changed only how epochs of files are placed (8:
+/// which rows a shuffled epoch that drops leaves out), so a stream recorded under 7 is
+/// served on after an upgrade.
+pub const STREAM_ORDER_VERSION: u32 = 7;
+
 /// About how many rows a shuffle window holds unless asked otherwise (see
 /// [`Placement::default_window`]).
 pub const DEFAULT_WINDOW_ROWS: u64 = 65_536;

@@ -83,7 +83,14 @@ fn describe(
         ),
         ("--seed", p.seed().to_string()),
         // Builds of other orders place the same options' rows elsewhere.
-        ("order version", crate::delivery::ORDER_VERSION.to_string()),
+        (
+            "order version",
+            match inputs {
+                Some(_) => crate::delivery::ORDER_VERSION,
+                None => crate::delivery::STREAM_ORDER_VERSION,
+            }
+            .to_string(),
+        ),
         ("--epochs", d.epochs.to_string()),
         ("--start-epoch", d.start_epoch.to_string()),
         ("--start-step", d.start_step.to_string()),

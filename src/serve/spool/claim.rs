@@ -14,7 +14,7 @@ use rustix::fs::{FlockOperation, flock};
 use serde::{Deserialize, Serialize};
 
 use super::{read_json, state_error, write_synced};
-use crate::delivery::{LastBatch, ORDER_VERSION, Placement};
+use crate::delivery::{LastBatch, Placement, STREAM_ORDER_VERSION};
 use crate::error::Result;
 
 /// The file in a state directory that records its stream's geometry.
@@ -74,7 +74,7 @@ struct Geometry {
 impl Geometry {
     fn of(placement: &Placement, stream: Stream<'_>) -> Self {
         Geometry {
-            order_version: ORDER_VERSION,
+            order_version: STREAM_ORDER_VERSION,
             world_size: placement.world_size(),
             batch_size: placement.batch_size(),
             shuffle_window: placement.shuffled().then(|| placement.window()),
@@ -536,9 +536,19 @@ mod tests {
             "{err}"
         );
         assert!(!dir.path().join(GEOMETRY_FILE).exists());
-        // A file written before the stream was recorded fits any.
+        // A file written before the stream was recorded fits any; one of another stream
+        // order does not, and one of order 7 is this one's (8 changed only epochs).
+        let other = format!(
+            r#"{{"order_version":6,"world_size":2,"batch_size":100,"shuffle_window":null,"seed":null}}"#
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(GEOMETRY_FILE), other).unwrap();
+        let err = check_geometry(dir.path(), &placement, followed, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("order version was 6, is 7"), "{err}");
         let old = format!(
-            r#"{{"order_version":{ORDER_VERSION},"world_size":2,"batch_size":100,"shuffle_window":null,"seed":null}}"#
+            r#"{{"order_version":7,"world_size":2,"batch_size":100,"shuffle_window":null,"seed":null}}"#
         );
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(GEOMETRY_FILE), old).unwrap();
