@@ -538,18 +538,14 @@ mod tests {
         assert!(!dir.path().join(GEOMETRY_FILE).exists());
         // A file written before the stream was recorded fits any; one of another stream
         // order does not, and one of order 7 is this one's (8 changed only epochs).
-        let other = format!(
-            r#"{{"order_version":6,"world_size":2,"batch_size":100,"shuffle_window":null,"seed":null}}"#
-        );
+        let other = r#"{"order_version":6,"world_size":2,"batch_size":100,"shuffle_window":null,"seed":null}"#;
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(GEOMETRY_FILE), other).unwrap();
         let err = check_geometry(dir.path(), &placement, followed, false)
             .unwrap_err()
             .to_string();
         assert!(err.contains("order version was 6, is 7"), "{err}");
-        let old = format!(
-            r#"{{"order_version":7,"world_size":2,"batch_size":100,"shuffle_window":null,"seed":null}}"#
-        );
+        let old = r#"{"order_version":7,"world_size":2,"batch_size":100,"shuffle_window":null,"seed":null}"#;
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(GEOMETRY_FILE), old).unwrap();
         check_geometry(dir.path(), &placement, followed, false).unwrap();
