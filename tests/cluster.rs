@@ -180,28 +180,50 @@ fn peak_memory_does_not_grow_with_the_input() {
 /// Each input file costs memory for as long as the run reads: where its row groups lie.
 /// Its schema, as Parquet and as Arrow, is the same for files of one kind and is held
 /// once; held per file it was ~45 KB, so 6,000 small files peaked at ~330 MiB against
-/// ~95 MiB for their rows in one file, and 2,400 files here 115 MiB over 24 files.
+/// ~95 MiB for their rows in one file, and 2,400 files here 115 MiB over 24 files. Kinds
+/// interleaved (12 here, each file's key-value metadata its own) share as well.
 #[test]
 fn peak_memory_grows_little_with_the_number_of_input_files() {
     let dir = tempfile::tempdir().unwrap();
     let toml = criteo_toml().with_file_name("criteo_hash.toml");
     let one = gen_criteo(dir.path(), 20, 1);
+    let kinds: Vec<_> = (0..12)
+        .map(|k| {
+            let path = dir.path().join(format!("kind-{k}.parquet"));
+            let batches = read_parquet(&one);
+            let props = parquet::file::properties::WriterProperties::builder()
+                .set_key_value_metadata(Some(vec![parquet::file::metadata::KeyValue::new(
+                    "kind".into(),
+                    k.to_string(),
+                )]))
+                .build();
+            let file = std::fs::File::create(&path).unwrap();
+            let mut w =
+                parquet::arrow::ArrowWriter::try_new(file, batches[0].schema(), Some(props))
+                    .unwrap();
+            batches.iter().for_each(|b| w.write(b).unwrap());
+            w.close().unwrap();
+            path
+        })
+        .collect();
     let mut peaks = Vec::new();
-    for files in [24, 2_400] {
-        let folder = dir.path().join(format!("in-{files}"));
+    for (files, of) in [(24, 1), (2_400, 1), (2_400, 12)] {
+        let folder = dir.path().join(format!("in-{files}-{of}"));
         std::fs::create_dir(&folder).unwrap();
         for i in 0..files {
-            std::fs::hard_link(&one, folder.join(format!("part-{i:05}.parquet"))).unwrap();
+            let name = folder.join(format!("part-{i:05}.parquet"));
+            std::fs::hard_link(&kinds[i as usize % of], name).unwrap();
         }
         peaks.push(peak_rss_mb(&toml, &folder, 20 * files, &["--workers", "2"]));
     }
     // ~8 KB a file (its row group's column chunks, path, units and projection): 19 MiB.
-    assert!(
-        peaks[1] < peaks[0] + 30.0,
-        "peak RSS grew from {} MiB at 24 files to {} MiB at 2,400",
-        peaks[0],
-        peaks[1]
-    );
+    for (peak, what) in [(peaks[1], "one kind"), (peaks[2], "12 kinds interleaved")] {
+        assert!(
+            peak < peaks[0] + 30.0,
+            "peak RSS grew from {} MiB at 24 files to {peak} MiB at 2,400 of {what}",
+            peaks[0],
+        );
+    }
 }
 
 /// Tiny shuffled batches hold a window of one-row steps open at once (65,536 of them by

@@ -11,7 +11,9 @@
 //! metadata — is the same for every file of one kind. Decoded per file it held ~45 KB, so
 //! a folder of 6,000 small files took 300 MB; [`Shells`] keeps one per kind of file.
 
+use std::collections::HashMap;
 use std::fs::File;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
@@ -65,7 +67,8 @@ impl ParquetFooter {
         let groups = full
             .row_groups()
             .iter()
-            .map(Group::of)
+            .enumerate()
+            .map(|(g, group)| Group::of(g, group))
             .collect::<Result<_>>()?;
         Ok(Self {
             shell: shells.shell_of(full.file_metadata(), &options)?,
@@ -125,30 +128,27 @@ impl ParquetFooter {
 
 /// Footer shells (a footer without its row groups, read as Arrow) by kind of file: files
 /// whose Parquet schema, key-value metadata (where Arrow's schema is kept), writer and
-/// column orders are the same share one. Only the last [`Shells::LOOK_BACK`] kinds are
-/// looked at, so that opening many files of many kinds stays linear; files of one kind
-/// usually come together.
+/// column orders are the same share one, whatever order the kinds come in. Memory then
+/// grows with the kinds of file, not with the files.
 #[derive(Default)]
 pub(super) struct Shells {
-    /// The shells as read, newest last.
-    read: Vec<ArrowReaderMetadata>,
-    /// Hinted shells, with the footer each was made from, the schema it was given and the
-    /// options that carry that schema.
-    hinted: Vec<Hinted>,
+    /// The shells as read, by [`kind_hash`] (kinds of one hash side by side).
+    read: HashMap<u64, Vec<ArrowReaderMetadata>>,
+    /// Hinted shells, by the address of the footer each was made from (kept alive in
+    /// each [`Hinted`], so never another footer's).
+    hinted: HashMap<usize, Vec<Hinted>>,
 }
 
 impl Shells {
-    const LOOK_BACK: usize = 8;
-
     /// The shell of a file whose footer says `file`: a known one of its kind, or a new one.
     fn shell_of(
         &mut self,
         file: &FileMetaData,
         options: &ArrowReaderOptions,
     ) -> Result<ArrowReaderMetadata> {
-        let known = self.read.iter().rev().take(Self::LOOK_BACK);
-        if let Some(shell) = known
-            .into_iter()
+        let kinds = self.read.entry(kind_hash(file)).or_default();
+        if let Some(shell) = kinds
+            .iter()
             .find(|s| same_kind(s.metadata().file_metadata(), file))
         {
             return Ok(shell.clone());
@@ -156,7 +156,7 @@ impl Shells {
         // The row count is each file's own: [`ParquetFooter::row_group`] gives its own.
         let kind = ParquetMetaData::new(with_rows(file, 0), Vec::new());
         let shell = ArrowReaderMetadata::try_new(Arc::new(kind), options.clone())?;
-        self.read.push(shell.clone());
+        kinds.push(shell.clone());
         Ok(shell)
     }
 
@@ -167,29 +167,30 @@ impl Shells {
         schema: SchemaRef,
         options: &ArrowReaderOptions,
     ) -> Result<(ArrowReaderMetadata, ArrowReaderOptions)> {
-        let known = self.hinted.iter().rev().take(Self::LOOK_BACK);
-        let found = known
-            .into_iter()
-            .find(|h| Arc::ptr_eq(&h.from, shell.metadata()) && h.schema == schema);
-        if let Some(h) = found {
+        let made = self
+            .hinted
+            .entry(Arc::as_ptr(shell.metadata()) as usize)
+            .or_default();
+        if let Some(h) = made.iter().find(|h| h.schema == schema) {
             return Ok((h.shell.clone(), h.options.clone()));
         }
         let options = options.clone().with_schema(schema.clone());
         let hinted = Hinted {
-            from: shell.metadata().clone(),
+            _from: shell.metadata().clone(),
             schema,
             shell: ArrowReaderMetadata::try_new(shell.metadata().clone(), options.clone())?,
             options,
         };
         let out = (hinted.shell.clone(), hinted.options.clone());
-        self.hinted.push(hinted);
+        made.push(hinted);
         Ok(out)
     }
 }
 
 /// A shell given a schema to read as.
 struct Hinted {
-    from: Arc<ParquetMetaData>,
+    /// Kept so that its address, the key it is found by, is not another footer's.
+    _from: Arc<ParquetMetaData>,
     schema: SchemaRef,
     shell: ArrowReaderMetadata,
     options: ArrowReaderOptions,
@@ -207,6 +208,20 @@ fn with_rows(file: &FileMetaData, rows: i64) -> FileMetaData {
     )
 }
 
+/// A hash of what [`same_kind`] compares, but for the schema's types (the key-value
+/// metadata holds Arrow's schema, where a file has one): files of one kind hash alike.
+fn kind_hash(file: &FileMetaData) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (file.version(), file.created_by()).hash(&mut h);
+    for kv in file.key_value_metadata().into_iter().flatten() {
+        (&kv.key, &kv.value).hash(&mut h);
+    }
+    for column in file.schema_descr().columns() {
+        (column.path().string(), column.physical_type() as i32).hash(&mut h);
+    }
+    h.finish()
+}
+
 /// Whether two files' footers read alike, whatever rows they hold.
 fn same_kind(a: &FileMetaData, b: &FileMetaData) -> bool {
     a.version() == b.version()
@@ -217,7 +232,26 @@ fn same_kind(a: &FileMetaData, b: &FileMetaData) -> bool {
 }
 
 impl Group {
-    fn of(group: &RowGroupMetaData) -> Result<Self> {
+    /// Row group `g`'s entry. Its row count must be each flat column's value count (a
+    /// flat column has a value, or a null, per row): parquet-rs reads as many rows as the
+    /// group states, so a footer stating fewer rows than its columns hold would lose the
+    /// rest without a word.
+    fn of(g: usize, group: &RowGroupMetaData) -> Result<Self> {
+        let flat = group
+            .columns()
+            .iter()
+            .filter(|c| c.column_descr().max_rep_level() == 0);
+        if let Some(c) = flat
+            .into_iter()
+            .find(|c| c.num_values() != group.num_rows())
+        {
+            return Err(ParquetError::General(format!(
+                "row group {g} states {} rows, but its column {} holds {} values",
+                group.num_rows(),
+                c.column_path(),
+                c.num_values()
+            )));
+        }
         Ok(Self {
             rows: group.num_rows(),
             byte_size: group.total_byte_size(),
@@ -340,7 +374,7 @@ mod tests {
             .map(|p| ParquetFooter::load(&File::open(p.path()).unwrap(), &mut shells).unwrap())
             .collect();
         assert!(Arc::ptr_eq(footers[0].schema(), footers[1].schema()));
-        assert_eq!(shells.read.len(), 1);
+        assert_eq!(kinds(&shells), 1);
         let dictionary = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
         let hinted = Arc::new(Schema::new(vec![
             footers[0].schema().field(0).clone(),
@@ -355,7 +389,7 @@ mod tests {
             footers[0].shell.metadata(),
             footers[1].shell.metadata()
         ));
-        assert_eq!(shells.hinted.len(), 1);
+        assert_eq!(shells.hinted.values().map(Vec::len).sum::<usize>(), 1);
         for (path, footer, groups) in [(&five, &footers[0], 5), (&two, &footers[1], 2)] {
             let file = File::open(path.path()).unwrap();
             for g in 0..groups {
@@ -378,7 +412,74 @@ mod tests {
         w.close().unwrap();
         let third = ParquetFooter::load(&File::open(other.path()).unwrap(), &mut shells).unwrap();
         assert!(!Arc::ptr_eq(third.schema(), footers[0].schema()));
-        assert_eq!(shells.read.len(), 2);
+        assert_eq!(kinds(&shells), 2);
+    }
+
+    fn kinds(shells: &Shells) -> usize {
+        shells.read.values().map(Vec::len).sum()
+    }
+
+    /// Ten kinds of file (each its own key-value metadata), read in turn twice: the second
+    /// round shares the first's shells, whatever the order.
+    #[test]
+    fn kinds_interleaved_share_their_shells() {
+        let files: Vec<_> = (0..10)
+            .map(|k| {
+                let file = tempfile::NamedTempFile::new().unwrap();
+                let batch = RecordBatch::try_from_iter([(
+                    "id",
+                    Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef,
+                )])
+                .unwrap();
+                let props = WriterProperties::builder()
+                    .set_key_value_metadata(Some(vec![parquet::file::metadata::KeyValue::new(
+                        "kind".into(),
+                        k.to_string(),
+                    )]))
+                    .build();
+                let mut w =
+                    ArrowWriter::try_new(file.reopen().unwrap(), batch.schema(), Some(props))
+                        .unwrap();
+                w.write(&batch).unwrap();
+                w.close().unwrap();
+                file
+            })
+            .collect();
+        let mut shells = Shells::default();
+        let mut load = |f: &tempfile::NamedTempFile| {
+            ParquetFooter::load(&File::open(f.path()).unwrap(), &mut shells).unwrap()
+        };
+        let first: Vec<_> = files.iter().map(&mut load).collect();
+        let again: Vec<_> = files.iter().map(&mut load).collect();
+        for (a, b) in first.iter().zip(&again) {
+            assert!(Arc::ptr_eq(a.shell.metadata(), b.shell.metadata()));
+        }
+        assert!(!Arc::ptr_eq(first[0].schema(), first[1].schema()));
+        assert_eq!(kinds(&shells), 10);
+    }
+
+    /// A footer stating fewer rows for a row group than its columns hold is refused: read
+    /// as stated, the rows past it would be lost without a word.
+    #[test]
+    fn a_row_group_stating_other_rows_than_its_columns_hold_is_refused() {
+        let path = write(1, Compression::UNCOMPRESSED);
+        let mut bytes = std::fs::read(path.path()).unwrap();
+        // RowGroup.num_rows (field 3, i64, compact protocol): 100 rows, zigzag 200.
+        let at = bytes
+            .windows(3)
+            .rposition(|w| w == [0x16, 0xc8, 0x01])
+            .unwrap();
+        bytes[at + 1] = 0xc6; // 99 rows
+        std::fs::write(path.path(), bytes).unwrap();
+        let file = File::open(path.path()).unwrap();
+        let err = ParquetFooter::load(&file, &mut Shells::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("row group 0 states 99 rows, but its column \"id\" holds 100 values"),
+            "{err}"
+        );
     }
 
     #[test]
