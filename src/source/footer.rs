@@ -101,6 +101,19 @@ impl ParquetFooter {
         Ok(())
     }
 
+    /// The bytes of the file row group `g`'s column chunks lie in, first to last (`None`
+    /// for a group of no columns, or none such).
+    pub(super) fn group_bytes(&self, g: usize) -> Option<std::ops::Range<u64>> {
+        let chunks = self.groups.get(g)?.columns.iter();
+        let spans = chunks.map(|c| {
+            let start = c.dictionary_page.unwrap_or(c.data_page) as u64; // checked ≥ 0
+            (start, start.saturating_add(c.compressed as u64))
+        });
+        spans
+            .reduce(|(a, b), (c, d)| (a.min(c), b.max(d)))
+            .map(|(a, b)| a..b)
+    }
+
     /// The metadata of a file holding row group `g` alone, to read that row group as row
     /// group 0.
     pub(super) fn row_group(&self, g: usize) -> Result<ArrowReaderMetadata> {

@@ -12,11 +12,16 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::ipc::reader::StreamReader;
 use hydrant_operators::{Batch, FeaturePlan, ROW_ID, open_regular};
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReaderBuilder, RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
+};
+use parquet::file::reader::ChunkReader;
 
 use crate::error::{Error, Result, one_line};
 
 mod cache;
+mod chunk;
 mod files;
 mod footer;
 mod ipc;
@@ -364,26 +369,23 @@ impl Inputs {
             dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>> + Send,
         > = match &f.format {
             Format::Parquet { footer } => {
-                let group = footer
-                    .row_group(unit.row_group.unwrap_or(0))
-                    .map_err(|e| input_err(&e))?;
-                let mut b = ParquetRecordBatchReaderBuilder::new_with_metadata(file, group)
-                    .with_batch_size(self.batch_rows)
-                    .with_row_groups(vec![0]);
-                if let Some(part) = &part {
-                    let rows = part.end.min(unit.rows).saturating_sub(part.start);
-                    b = b
-                        .with_batch_size(self.batch_rows.min(rows.max(1) as usize))
-                        .with_row_selection(RowSelection::from(vec![
-                            RowSelector::skip(part.start as usize),
-                            RowSelector::select(rows as usize),
-                        ]));
-                }
-                if let Some(p) = &projection {
-                    let mask = ProjectionMask::roots(b.parquet_schema(), p.iter().copied());
-                    b = b.with_projection(mask);
-                }
-                Box::new(b.build().map_err(|e| input_err(&e))?)
+                let g = unit.row_group.unwrap_or(0);
+                let group = footer.row_group(g).map_err(|e| input_err(&e))?;
+                let read = GroupRead {
+                    batch_rows: self.batch_rows,
+                    unit_rows: unit.rows,
+                    part: part.clone(),
+                    projection: projection.as_deref(),
+                };
+                let small = footer
+                    .group_bytes(g)
+                    .filter(|r| r.end - r.start <= chunk::IN_MEMORY_BYTES && r.end <= f.len);
+                let reader = match small {
+                    Some(range) => chunk::InMemory::read(&file, range, f.len)
+                        .and_then(|bytes| read.parquet(bytes, group)),
+                    None => read.parquet(file, group),
+                };
+                Box::new(reader.map_err(|e| input_err(&e))?)
             }
             Format::Ipc {
                 footer: Some(footer),
@@ -416,6 +418,42 @@ impl Inputs {
             watch,
             done: false,
         }))
+    }
+}
+
+/// How a Parquet row group is read: in batches of `batch_rows`, `part` of its
+/// `unit_rows` rows (all when `None`), `projection`'s root columns (all when `None`).
+struct GroupRead<'a> {
+    batch_rows: usize,
+    unit_rows: u64,
+    part: Option<std::ops::Range<u64>>,
+    projection: Option<&'a [usize]>,
+}
+
+impl GroupRead<'_> {
+    /// A reader of the row group `group` describes (as a file's only one), from `source`.
+    fn parquet<T: ChunkReader + 'static>(
+        &self,
+        source: T,
+        group: ArrowReaderMetadata,
+    ) -> parquet::errors::Result<ParquetRecordBatchReader> {
+        let mut b = ParquetRecordBatchReaderBuilder::new_with_metadata(source, group)
+            .with_batch_size(self.batch_rows)
+            .with_row_groups(vec![0]);
+        if let Some(part) = &self.part {
+            let rows = part.end.min(self.unit_rows).saturating_sub(part.start);
+            b = b
+                .with_batch_size(self.batch_rows.min(rows.max(1) as usize))
+                .with_row_selection(RowSelection::from(vec![
+                    RowSelector::skip(part.start as usize),
+                    RowSelector::select(rows as usize),
+                ]));
+        }
+        if let Some(p) = self.projection {
+            let mask = ProjectionMask::roots(b.parquet_schema(), p.iter().copied());
+            b = b.with_projection(mask);
+        }
+        b.build()
     }
 }
 
