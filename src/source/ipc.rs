@@ -11,7 +11,7 @@ use arrow::error::ArrowError;
 use arrow::ipc::reader::StreamReader;
 use hydrant_operators::open_regular;
 
-use super::{Format, InputFile, MAX_ROWS, check_columns};
+use super::{Format, InputFile, MAX_ROWS, Schemas, check_columns};
 use crate::error::{Error, Result, one_line};
 use crate::recycle;
 
@@ -20,8 +20,14 @@ use crate::recycle;
 ///
 /// A file's footer is read once, and each batch's row count comes from its message header
 /// alone: opening reads a few bytes per batch, not the data. A stream has no footer to
-/// find its batches by, so it is read through once, one column, to count them.
-pub(super) fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile> {
+/// find its batches by, so it is read through once, one column, to count them. Files of
+/// one schema share it through `schemas`.
+pub(super) fn open_ipc(
+    path: &Path,
+    stream: bool,
+    len: u64,
+    schemas: &mut Schemas,
+) -> Result<InputFile> {
     let what = if stream { "stream" } else { "file" };
     let bad = |e: ArrowError| Error::Input {
         path: path.into(),
@@ -37,9 +43,10 @@ pub(super) fn open_ipc(path: &Path, stream: bool, len: u64) -> Result<InputFile>
         let counted = hydrant_flight::decode_quietly(|| count_stream(path, file))
             .map_err(|panic| ArrowError::IpcError(format!("its data cannot be decoded: {panic}")));
         let (schema, batches) = counted.and_then(|c| c).map_err(bad)?;
-        (schema, batches, None)
+        (schemas.intern(schema), batches, None)
     } else {
-        let footer = ipc_footer(&file).map_err(bad)?;
+        let mut footer = ipc_footer(&file).map_err(bad)?;
+        footer.schema = schemas.intern(footer.schema);
         let batches = batch_rows(&file, &footer).map_err(bad)?;
         (footer.schema.clone(), batches, Some(Arc::new(footer)))
     };

@@ -94,10 +94,11 @@ impl Inputs {
         if paths.is_empty() {
             return Err(Error::Usage("no --input given".into()));
         }
-        let (mut files, mut shells) = (Vec::new(), Shells::default());
+        let (mut files, mut shells, mut schemas) =
+            (Vec::new(), Shells::default(), Schemas::default());
         for p in paths {
             for path in expand(p)? {
-                files.push(open_file(&path, &mut shells)?);
+                files.push(open_file(&path, &mut shells, &mut schemas)?);
             }
         }
         let mut units = Vec::new();
@@ -623,7 +624,24 @@ fn hint_strings(schema: &Schema, strings: &[String]) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-fn open_file(path: &Path, shells: &mut Shells) -> Result<InputFile> {
+/// Arrow schemas met so far, one `Arc` each: Arrow IPC files of one schema share it (and
+/// are checked once, see [`Inputs::prepare`]), as Parquet files of one kind share a
+/// footer shell.
+#[derive(Default)]
+struct Schemas(std::collections::HashSet<SchemaRef>);
+
+impl Schemas {
+    /// `schema`, as the first file of it gave it.
+    fn intern(&mut self, schema: SchemaRef) -> SchemaRef {
+        if let Some(known) = self.0.get(&schema) {
+            return known.clone();
+        }
+        self.0.insert(schema.clone());
+        schema
+    }
+}
+
+fn open_file(path: &Path, shells: &mut Shells, schemas: &mut Schemas) -> Result<InputFile> {
     let err = |reason: String| Error::Input {
         path: path.into(),
         reason,
@@ -647,10 +665,10 @@ fn open_file(path: &Path, shells: &mut Shells) -> Result<InputFile> {
         });
     }
     if n == 6 && &magic == b"ARROW1" {
-        return open_ipc(path, false, meta.len());
+        return open_ipc(path, false, meta.len(), schemas);
     }
     if n >= 4 && magic[..4] == [0xff; 4] {
-        return open_ipc(path, true, meta.len());
+        return open_ipc(path, true, meta.len(), schemas);
     }
     Err(err("not a Parquet or Arrow IPC file".into()))
 }
@@ -711,6 +729,54 @@ mod tests {
     use parquet::file::properties::WriterProperties;
 
     use super::*;
+
+    /// Files of one schema, Arrow IPC (files and streams) or Parquet, hold one `Arc` of
+    /// it between them; files of another hold their own.
+    #[test]
+    fn files_of_one_schema_share_it() {
+        use arrow::ipc::writer::{FileWriter, StreamWriter};
+        let dir = tempfile::tempdir().unwrap();
+        let batch = |name: &str| {
+            let x = Int64Array::from_iter_values(0..10);
+            RecordBatch::try_from_iter([(name, Arc::new(x) as _)]).unwrap()
+        };
+        let mut paths = Vec::new();
+        for (i, name) in ["x", "x", "y", "x", "x"].into_iter().enumerate() {
+            let b = batch(name);
+            let path = dir.path().join(format!("{i}.arrow"));
+            let file = std::fs::File::create(&path).unwrap();
+            if i == 4 {
+                let mut w = StreamWriter::try_new(file, &b.schema()).unwrap();
+                w.write(&b).unwrap();
+                w.finish().unwrap();
+            } else {
+                let mut w = FileWriter::try_new(file, &b.schema()).unwrap();
+                w.write(&b).unwrap();
+                w.finish().unwrap();
+            }
+            paths.push(path);
+        }
+        for i in 5..7 {
+            let path = dir.path().join(format!("{i}.parquet"));
+            let mut w = ArrowWriter::try_new(
+                std::fs::File::create(&path).unwrap(),
+                batch("x").schema(),
+                None,
+            )
+            .unwrap();
+            w.write(&batch("x")).unwrap();
+            w.close().unwrap();
+            paths.push(path);
+        }
+        let inputs = Inputs::open(&paths, 128).unwrap();
+        let schema = |i: usize| &inputs.files[i].schema;
+        for i in [1, 3, 4] {
+            assert!(Arc::ptr_eq(schema(0), schema(i)), "file {i}");
+        }
+        assert!(!Arc::ptr_eq(schema(0), schema(2)));
+        assert!(Arc::ptr_eq(schema(5), schema(6)));
+        assert_eq!(inputs.total_rows(), 70);
+    }
 
     /// A part of a row group read by the Parquet reader itself holds the same rows, with
     /// the same `row_id`s, as the whole group read and cut, in batches no larger than the
