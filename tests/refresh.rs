@@ -378,10 +378,15 @@ async fn push_with_huge(uri: &str, seq: u64, huge: u64) -> Result<(), tonic::Sta
         .map(|r| Some(if r == huge { 1e200 } else { x(r) }))
         .collect();
     let batch = RecordBatch::try_new(plain.schema(), vec![Arc::new(xs), plain.column(1).clone()]);
+    push_batch(uri, seq, batch.unwrap()).await
+}
+
+/// Pushes `batch` as batch `seq` of producer `p`: the push's status.
+async fn push_batch(uri: &str, seq: u64, batch: RecordBatch) -> Result<(), tonic::Status> {
     let path = vec!["ingest".into(), "fresh".into(), "p".into()];
     let mut messages: Vec<FlightData> = FlightDataEncoderBuilder::new()
         .with_flight_descriptor(Some(FlightDescriptor::new_path(path)))
-        .build(futures::stream::iter([Ok(batch.unwrap())]))
+        .build(futures::stream::iter([Ok(batch)]))
         .try_collect()
         .await
         .unwrap();
@@ -518,4 +523,62 @@ fn refreshing_what_cannot_be_refreshed_is_refused_at_start() {
         e.contains("mode = \\\"refresh\\\" only") || e.contains("refresh\" only"),
         "{e}"
     );
+}
+
+/// A push refused because the state directory's disk is full is not counted into the
+/// statistics: the first version is fitted on the rows taken in its place (here, the
+/// same sequence number sent again with other rows, as a producer that gives up on a
+/// batch may). The refused batch used to stay counted, so its values, never admitted,
+/// were in the version. Needs a tmpfs to fill, so root.
+#[test]
+fn a_push_refused_for_a_full_disk_is_not_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    let Some(_mounted) = common::small_tmpfs(&disk) else {
+        return;
+    };
+    let state_dir = disk.join("sd");
+    let (_server, uri) = start(dir.path(), &state_dir);
+    let never = "never-admitted-".repeat(3);
+    let refused = {
+        let n = 200;
+        let xs: Float64Array = (0..n).map(|_| Some(1000.0)).collect();
+        let cs: StringArray = (0..n).map(|_| Some(never.as_str())).collect();
+        RecordBatch::try_new(rows(0, 0).schema(), vec![Arc::new(xs), Arc::new(cs)]).unwrap()
+    };
+    let rt = runtime();
+    let got = rt.block_on(read_ranks(&uri, 0, u64::MAX, async {
+        push(&uri, 0..1).await;
+        // Fill the disk (the write stops short when it is full); the refused batch is
+        // more than the spool's last page has left.
+        let filler = disk.join("filler");
+        let _ = std::fs::write(&filler, vec![0u8; 2 << 20]);
+        let e = push_batch(&uri, 1, refused).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+        std::fs::remove_file(&filler).unwrap();
+        for seq in 1..8 {
+            push_batch(&uri, seq, rows(seq * PUSH, PUSH)).await.unwrap();
+        }
+        end_ingest(&uri).await;
+    }));
+    let log = versions(&state_dir);
+    assert_eq!(log[0].2, 256, "the first version at the warmup's end");
+    let first = hydrant::read_state(&state_dir.join(format!("state-{}.json", log[0].1))).unwrap();
+    let (values, _) = vocab(&first);
+    assert!(!values.contains(&never), "{values:?}");
+    assert_eq!(values.len(), 7, "v0..v6: {values:?}");
+    let mean = (0..256).map(x).sum::<f64>() / 256.0;
+    assert!(
+        (mean_std(&first).0 - mean).abs() < 1e-9,
+        "{:?}",
+        mean_std(&first)
+    );
+    let mut ids: Vec<u64> = got
+        .iter()
+        .flatten()
+        .flat_map(|s| common::real_row_ids(&s.batch))
+        .collect();
+    ids.sort_unstable();
+    assert!(ids.len() == 400 || ids.len() == 384, "{} rows", ids.len());
+    assert!(ids.iter().copied().eq(0..ids.len() as u64));
 }

@@ -697,9 +697,8 @@ mod tests {
 
     #[test]
     fn token_files_are_checked() {
-        let dir = std::env::temp_dir().join(format!("hydrant-auth-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("t");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t");
         std::fs::write(&f, "# users\nalice:s3cret\nbob:pw train,ingest\n").unwrap();
         let auth = Auth::from_file(&f).unwrap();
         let bob = auth.handshake(Some(&basic("bob:pw")), None).unwrap();

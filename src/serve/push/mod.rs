@@ -13,7 +13,7 @@ use arrow::array::RecordBatch;
 use hydrant_flight::{Accepted, Origin, ServeError};
 
 use super::fresh::Freshness;
-use super::refresh::{Known, Refresh};
+use super::refresh::{Checked, Known, Refresh};
 use super::run::lock;
 use super::spool::{Committer, Record, Spool};
 use super::stream::Runs;
@@ -308,38 +308,38 @@ impl Pushed {
             .newest_event(&batch)
             .map_err(ServeError::InvalidArgument)
             .inspect_err(rejected)?;
-        let featurized = match &mut st.refresh {
+        // Refreshed statistics count a batch only once it is spooled: one refused for a
+        // full disk changes nothing (the batch sent in its place may hold other rows).
+        let ready = match &mut st.refresh {
             // Rows wholly before the commit's row go nowhere: nothing to featurize.
             None if rows == 0 || skip < rows as usize => {
                 let featurized = st.featurizer.featurize(batch.clone(), st.next_row);
                 let featurized = featurized.inspect_err(rejected)?;
                 let version = st.featurizer.state_version();
-                vec![(featurized.slice(skip, rows as usize - skip), version)]
+                Ok(vec![(
+                    featurized.slice(skip, rows as usize - skip),
+                    version,
+                )])
             }
-            None => Vec::new(),
+            None => Ok(Vec::new()),
             Some(refresh) => {
                 // Checked before its rows are counted: a refused batch changes nothing.
                 st.featurizer
                     .check(&batch, st.next_row)
                     .inspect_err(rejected)?;
-                let pieces = refresh.take(&batch, st.next_row, st.skip_below);
                 // A batch whose values the first version could not be fitted with.
-                let pieces = pieces.inspect_err(|e| {
+                let checked = refresh.check(&batch, st.next_row).inspect_err(|e| {
                     if matches!(e, ServeError::InvalidArgument(_)) {
                         rejected(e)
                     }
                 })?;
-                let counts_from = refresh.counts_from();
-                self.counts
-                    .counts_from
-                    .store(counts_from, Ordering::Relaxed);
-                featurize_pieces(&mut st.featurizer, pieces, st.next_row).inspect_err(rejected)?
+                Err(checked)
             }
         };
         if live && let Some(spool) = &mut st.spool {
             // Synced before the rows go anywhere: an acknowledged batch is on disk.
             spool
-                .append(&Record::Batch(origin.clone(), batch), st.next_row)
+                .append(&Record::Batch(origin.clone(), batch.clone()), st.next_row)
                 .map_err(spool_error)?;
             let segments = spool.segments() as u64;
             self.counts.segments.store(segments, Ordering::Relaxed);
@@ -350,12 +350,17 @@ impl Pushed {
             let seq = admitted.entry(o.producer).or_insert(o.seq);
             *seq = (*seq).max(o.seq);
         }
-        if !featurized.is_empty() {
-            // Known before any of its rows can be delivered.
-            let first = st.next_row + skip as u64;
-            self.fresh.admitted(first, arrived.at, arrived.unit, newest);
-            st.deliver(featurized)?;
+        // The batch is admitted: a failure from here on leaves it on disk but not in the
+        // stream, so no more is taken (a restart replays it).
+        let taken = self.deliver(st, &batch, ready, skip, arrived, newest);
+        if let Err(e) = &taken {
+            fail_locked(
+                st,
+                &self.counts,
+                format!("an admitted batch was not taken: {e}"),
+            );
         }
+        taken?;
         st.next_row += rows;
         st.seq += 1;
         self.counts.rows_in.store(st.next_row, Ordering::Relaxed);
@@ -366,6 +371,41 @@ impl Pushed {
             rows,
             duplicate: false,
         })
+    }
+
+    /// Counts an admitted batch into refreshed statistics (`ready` is what their check
+    /// found), featurizes it where that waited for the count, and delivers its rows.
+    fn deliver(
+        &self,
+        st: &mut Ingest,
+        batch: &RecordBatch,
+        ready: Result<Vec<(RecordBatch, u64)>, Checked>,
+        skip: usize,
+        arrived: Arrival,
+        newest: Option<i64>,
+    ) -> Result<(), ServeError> {
+        let featurized = match ready {
+            Ok(featurized) => featurized,
+            Err(checked) => {
+                let refresh = st
+                    .refresh
+                    .as_mut()
+                    .expect("checked by refreshed statistics");
+                let pieces = refresh.take(batch, checked, st.skip_below)?;
+                let counts_from = refresh.counts_from();
+                self.counts
+                    .counts_from
+                    .store(counts_from, Ordering::Relaxed);
+                featurize_pieces(&mut st.featurizer, pieces, st.next_row)?
+            }
+        };
+        if !featurized.is_empty() {
+            // Known before any of its rows can be delivered.
+            let first = st.next_row + skip as u64;
+            self.fresh.admitted(first, arrived.at, arrived.unit, newest);
+            st.deliver(featurized)?;
+        }
+        Ok(())
     }
 
     /// Ends the input: the last step is padded (or dropped) and every rank's stream ends.

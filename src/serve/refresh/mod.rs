@@ -85,6 +85,14 @@ pub(super) struct Piece {
     pub state: Arc<FittedState>,
 }
 
+/// A batch that [`Refresh::check`] found can be taken: where its rows start, how many,
+/// and the warmup's trial statistics with them counted.
+pub(super) struct Checked {
+    first: u64,
+    rows: usize,
+    probe: Option<Fitter>,
+}
+
 /// The versions made so far, found by the `state` action and `status` without the
 /// ingest lock (a producer may hold it while it waits for queue space).
 #[derive(Default)]
@@ -360,24 +368,53 @@ impl Refresh {
         Ok(())
     }
 
-    /// Takes `batch`, whose rows start at stream row `first`: counts the rows not counted
-    /// yet, makes the versions whose refresh points it passes, and returns its rows from
-    /// `deliver_from` on cut where the state changes (with the rows held for the first
-    /// version, when this batch completes its warmup). Rows before the first version are
-    /// held, not returned.
-    pub fn take(
-        &mut self,
+    /// Whether `batch`, whose rows start at stream row `first`, can be taken, changing
+    /// nothing: the statistics can still be fitted, and within the warmup its values would
+    /// not leave the first version unfit (refused whole, INVALID_ARGUMENT). A pushed batch
+    /// is checked, then spooled, then [taken](Refresh::take): one that cannot be spooled
+    /// (a full disk) is never counted.
+    pub fn check(
+        &self,
         batch: &RecordBatch,
         first: u64,
-        deliver_from: u64,
-    ) -> std::result::Result<Vec<Piece>, ServeError> {
+    ) -> std::result::Result<Checked, ServeError> {
         if let Some(why) = &self.unfit {
             return Err(ServeError::FailedPrecondition(why.clone()));
         }
-        // Rows held from `first` on are an earlier try of this batch, not acknowledged (its
-        // spool write failed after it was taken here): it is taken again now.
+        Ok(Checked {
+            first,
+            rows: batch.num_rows(),
+            probe: self.check_warmup(batch, first)?,
+        })
+    }
+
+    /// Takes `batch`, whose rows start at stream row `first`, as [`Refresh::check`] found
+    /// it: counts the rows not counted yet, makes the versions whose refresh points it
+    /// passes, and returns its rows from `deliver_from` on cut where the state changes
+    /// (with the rows held for the first version, when this batch completes its warmup).
+    /// Rows before the first version are held, not returned.
+    pub fn take(
+        &mut self,
+        batch: &RecordBatch,
+        checked: Checked,
+        deliver_from: u64,
+    ) -> std::result::Result<Vec<Piece>, ServeError> {
+        let first = checked.first;
+        if checked.rows != batch.num_rows() {
+            return Err(internal(format!(
+                "a batch of {} rows taken as checked with {}",
+                batch.num_rows(),
+                checked.rows
+            )));
+        }
+        // Rows held from `first` on were taken before and are taken again now (a replay
+        // from the spool that starts before the rows counted).
         self.held.retain(|(pos, _)| *pos < first);
-        self.check_warmup(batch, first)?;
+        if !self.versions.is_empty() {
+            self.probe = None;
+        } else if let Some(probe) = checked.probe {
+            self.probe = Some(probe);
+        }
         let mut out = Vec::new();
         let end = first + batch.num_rows() as u64;
         let mut pos = first;
@@ -429,15 +466,15 @@ impl Refresh {
     /// fail the stream (no version before to keep) and the rows already taken would fail
     /// it again at every restart that replays them. The statistics that can overflow are
     /// gathered here a second time, beside the counter, for the warmup's rows only.
-    fn check_warmup(&mut self, batch: &RecordBatch, first: u64) -> Result<(), ServeError> {
-        if !self.versions.is_empty() {
-            self.probe = None;
-        }
+    /// The warmup's trial statistics with `batch`'s warmup rows counted (`None`: it has
+    /// none not counted yet, or a version exists), or why they could not be fitted.
+    fn check_warmup(&self, batch: &RecordBatch, first: u64) -> Result<Option<Fitter>, ServeError> {
         // Rows counted already (a batch taken again) were checked when first taken.
         let from = first.max(self.counted);
         let to = (first + batch.num_rows() as u64).min(self.spec.warmup());
-        let Some(probe) = self.probe.as_ref().filter(|_| from < to) else {
-            return Ok(());
+        let unversioned = self.versions.is_empty();
+        let Some(probe) = self.probe.as_ref().filter(|_| unversioned && from < to) else {
+            return Ok(None);
         };
         let rows = batch.slice((from - first) as usize, (to - from) as usize);
         let mut trial = probe.clone();
@@ -453,8 +490,7 @@ impl Refresh {
                 )));
             }
         }
-        self.probe = Some(trial);
-        Ok(())
+        Ok(Some(trial))
     }
 
     /// Why the statistics of stream rows `0..at` cannot be fitted (`e`, of a parameter).
@@ -756,6 +792,17 @@ steps = ["standardize"]
         RecordBatch::try_new(Arc::new(schema), vec![Arc::new(column)]).unwrap()
     }
 
+    /// [`Refresh::check`] then [`Refresh::take`], as a push does.
+    fn take(
+        r: &mut Refresh,
+        batch: &RecordBatch,
+        first: u64,
+        deliver_from: u64,
+    ) -> std::result::Result<Vec<Piece>, ServeError> {
+        let checked = r.check(batch, first)?;
+        r.take(batch, checked, deliver_from)
+    }
+
     /// Rows of each piece, from its first row on.
     fn rows(pieces: &[Piece]) -> Vec<(u64, usize)> {
         pieces
@@ -764,24 +811,27 @@ steps = ["standardize"]
             .collect()
     }
 
-    /// A batch taken again (its spool write failed after it was taken: not acknowledged)
-    /// is held once; and within the warmup, a batch that would leave the first version
+    /// A batch taken again (a replay that starts before the rows counted) is held once; and within the warmup, a batch that would leave the first version
     /// unfit is refused whole and changes nothing: the next one is taken in its place.
     #[test]
     fn a_batch_taken_again_is_held_once_and_one_too_large_to_fit_is_refused_whole() {
         let mut r = refresh();
-        assert!(r.take(&xs(&[1.0, 2.0, 3.0]), 0, 0).unwrap().is_empty());
-        assert!(r.take(&xs(&[4.0, 5.0]), 3, 0).unwrap().is_empty());
+        assert!(
+            take(&mut r, &xs(&[1.0, 2.0, 3.0]), 0, 0)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(take(&mut r, &xs(&[4.0, 5.0]), 3, 0).unwrap().is_empty());
         // Taken again at the same row, as a retried push is.
-        assert!(r.take(&xs(&[4.0, 5.0]), 3, 0).unwrap().is_empty());
-        let Err(e) = r.take(&xs(&[6.0, 1e200]), 5, 0) else {
+        assert!(take(&mut r, &xs(&[4.0, 5.0]), 3, 0).unwrap().is_empty());
+        let Err(e) = take(&mut r, &xs(&[6.0, 1e200]), 5, 0) else {
             panic!("a value of 1e200 was taken within the warmup");
         };
         assert!(
             matches!(&e, ServeError::InvalidArgument(m) if m.contains("too large")),
             "{e}"
         );
-        let pieces = r.take(&xs(&[6.0, 7.0, 8.0, 9.0]), 5, 0).unwrap();
+        let pieces = take(&mut r, &xs(&[6.0, 7.0, 8.0, 9.0]), 5, 0).unwrap();
         assert_eq!(rows(&pieces), [(0, 3), (3, 2), (5, 3), (8, 1)]);
         let state = &pieces[0].state;
         match &state.params["dense/x/0"] {
