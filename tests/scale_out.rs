@@ -640,6 +640,44 @@ fn a_process_whose_cluster_port_is_taken_stops_the_others_at_once() {
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
 
+/// A process started twice (found by a hostile run): the second cannot listen, sees that
+/// process 1 of this cluster holds its port, and stops alone. It used to tell process 0
+/// that process 1 stopped, which ended the job the first process 1 was waiting to join.
+#[test]
+fn a_process_started_twice_leaves_the_first_to_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = inputs(dir.path());
+    let hosts = two_hosts(dir.path());
+    let first = cluster_process(&io, &hosts, 1, None);
+    // The first is listening once it says whom it waits for (after 5 s), or sooner:
+    // the second tries its port until it is taken.
+    std::thread::sleep(Duration::from_millis(500));
+    let second = cluster_process(&io, &hosts, 1, None);
+    // Process 0 starts while a second that gives up would still be telling its peers.
+    std::thread::sleep(Duration::from_millis(500));
+    let zero = cluster_process(&io, &hosts, 0, None);
+    let second = second.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{said}");
+    assert!(
+        said.contains("process 1 of this cluster is running there already"),
+        "{said}"
+    );
+    let rows: u64 = [first, zero]
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .map(|o| {
+            let said = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{said}");
+            let out = String::from_utf8_lossy(&o.stdout);
+            let summary: serde_json::Value =
+                serde_json::from_str(out.lines().last().unwrap()).unwrap();
+            summary["rows"].as_u64().unwrap()
+        })
+        .sum();
+    assert_eq!(rows, 1_003);
+}
+
 /// A cluster's secret (`--cluster-secret-file`): processes that hold the same one run; a
 /// process started with another (or with none) is told at the join, with one line and
 /// without waiting out the join's minute; a secret too short is refused before anything.

@@ -148,8 +148,19 @@ impl Cluster {
         let listener = TcpListener::bind(&addresses[self.process])
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|e| {
+                let (at, p, n) = (&addresses[self.process], self.process, self.processes);
+                // A second process `p`: the peers wait for the first, which holds the
+                // port. Told that `p` stopped, they would end the job it is joining.
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && handshake::holds_seat(at, (p, n), &key)
+                {
+                    return Error::Usage(format!(
+                        "cannot listen on {at}, process {p}'s address in the hostfile: \
+                         process {p} of this cluster is running there already (was it \
+                         started twice?)"
+                    ));
+                }
                 // The peers wait for this process: tell them it will not come.
-                let (at, p) = (&addresses[self.process], self.process);
                 let e = match e.kind() {
                     std::io::ErrorKind::AddrInUse => Error::Usage(format!(
                         "cannot listen on {at}, process {p}'s address in the hostfile: {e} \
@@ -278,7 +289,8 @@ fn join(
                 }
                 match handshake::dial(&addresses[p], hello, (me, p, n), key) {
                     Ok(stream) => *slot = Some(stream),
-                    Err(NotJoined::NotYet) => {}
+                    // (`ItsProofHeld` answers a dial of this process's own seat only.)
+                    Err(NotJoined::NotYet | NotJoined::ItsProofHeld) => {}
                     Err(NotJoined::Unanswered) => seen[p] = Some(UNANSWERED),
                     Err(NotJoined::Refused(why)) => {
                         return Err(Error::Usage(format!(

@@ -58,7 +58,7 @@ impl Cluster {
                             false
                         }
                         // Not of this cluster (another secret, another program).
-                        Err(NotJoined::Refused(_)) => false,
+                        Err(NotJoined::Refused(_) | NotJoined::ItsProofHeld) => false,
                         Err(NotJoined::NotYet | NotJoined::Unanswered) => true,
                     }
                 });

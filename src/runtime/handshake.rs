@@ -184,6 +184,9 @@ pub(super) enum NotJoined {
     /// another, or none, or something else listens at its address), or one from a peer
     /// started with another number of processes.
     Refused(String),
+    /// A dial of this process's own seat: the acceptor is that seat of this cluster
+    /// ([`holds_seat`]).
+    ItsProofHeld,
 }
 
 /// A connection to process `to` at `address`, greeted as process `me` of `n` for
@@ -221,7 +224,16 @@ fn reason(why: &str) -> [u8; REASON] {
     reason
 }
 
-/// [`dial`], with `extra` sent after the dialer's proof and covered by it.
+/// Whether what listens at `address` is process `me` of this cluster (of `n` processes,
+/// proving the secret of `key`): a second process `me` when this one cannot listen there.
+/// It is asked as `me` would greet itself, and left unproved, so it joins nothing.
+pub(super) fn holds_seat(address: &str, (me, n): (usize, usize), key: &hmac::Key) -> bool {
+    let asked = dial_with(address, HELLO, (me, me, n), key, &[]);
+    matches!(asked, Err(NotJoined::ItsProofHeld))
+}
+
+/// [`dial`], with `extra` sent after the dialer's proof and covered by it. A dial of
+/// this process's own seat ([`holds_seat`]) stops once the acceptor's proof holds.
 fn dial_with(
     address: &str,
     hello: &'static [u8; 8],
@@ -277,6 +289,12 @@ fn dial_with(
         // a proof and what it covers, so that the acceptor reads it whole).
         let _ = stream.write_all(&[&REFUSAL[..], &vec![0; extra.len()]].concat());
         return Err(NotJoined::Refused(UNPROVED.into()));
+    }
+    if me == to {
+        return Err(match their_n == n {
+            true => NotJoined::ItsProofHeld,
+            false => NotJoined::Refused(other_size(their_n, n)),
+        });
     }
     let mut proved = covered(b'D', hello, seats, [&mine, theirs]);
     proved.extend_from_slice(extra);
