@@ -40,9 +40,8 @@ class Client:
     ):
         self._uri, self._token, self._tls_root_certs = uri, token, tls_root_certs
         self._keepalive = keepalive
-        # A cluster's other processes, by location, and each pipeline's rank locations.
+        # A cluster's other processes, by location.
         self._peers = {}
-        self._locations = {}
         # The job each pipeline's latest stream said it was of: a ticket that resumes
         # mid-epoch names it, so that a server restarted to serve another job refuses it.
         self._jobs = {}
@@ -152,10 +151,10 @@ class Client:
 
     def _serving(self, pipeline: str, rank: int) -> "Client":
         """The client of the server that serves ``rank`` of ``pipeline``: this one, or
-        (for a cluster) a client of the process that owns it, made once."""
-        if pipeline not in self._locations:
-            self._locations[pipeline] = self.locations(pipeline)
-        ranks = self._locations[pipeline]
+        (for a cluster) a client of the process that owns it, made once a location.
+        Looked up at each call: a cluster restarted with a process elsewhere (a pod
+        rescheduled) serves the rank at its new location."""
+        ranks = self.locations(pipeline)
         location = ranks[rank] if 0 <= rank < len(ranks) else None
         if location is None or location == self._uri:
             return self

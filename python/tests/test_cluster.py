@@ -21,15 +21,16 @@ BATCH = 500
 
 
 
-def start_cluster(data, tmp_path, batch):
-    """Two `hydrant serve` processes of one cluster, serving WORLD ranks of `batch` rows,
-    and their ready lines, by process."""
+def start_cluster(data, tmp_path, batch, listen=("127.0.0.1:0", "127.0.0.1:0")):
+    """Two `hydrant serve` processes of one cluster, serving WORLD ranks of `batch` rows
+    (listening on `listen`, by process), and their ready lines, by process."""
     path, state = data
     hosts = tmp_path / "hosts"
-    hosts.write_text("".join(f"127.0.0.1:{free_port()}\n" for _ in range(2)))
+    if not hosts.exists():
+        hosts.write_text("".join(f"127.0.0.1:{free_port()}\n" for _ in range(2)))
     procs = [
         subprocess.Popen(
-            [str(BIN), "serve", "--listen", "127.0.0.1:0", "--pipeline", str(PIPELINE),
+            [str(BIN), "serve", "--listen", listen[p], "--pipeline", str(PIPELINE),
              "--input", str(path), "--state", str(state), "--ranks", str(WORLD),
              "--batch-size", str(batch), "--workers", "1", "--processes", "2",
              "--process", str(p), "--hostfile", str(hosts)],
@@ -119,6 +120,35 @@ def test_the_hydrant_client_follows_each_rank_to_its_process(cluster):
     assert all(b.last for b in (got[r][-1] for r in range(WORLD)))
     with pytest.raises(HydrantError):
         Client("grpc://" + cluster[0]["listening"]).batches("nope", 0, WORLD)
+
+
+def test_a_client_follows_a_rank_to_where_its_restarted_process_serves_it(data, tmp_path):
+    """A cluster restarted with a process at another address (a pod rescheduled): the
+    same Client resumes there. It used to keep the locations it first looked up, and
+    failed with UNAVAILABLE on the old address for good (found by a hostile run)."""
+    zero, one, moved = (f"127.0.0.1:{free_port()}" for _ in range(3))
+    procs, _ = start_cluster(data, tmp_path, BATCH, (zero, one))
+    try:
+        client = Client("grpc://" + zero)
+        reader = client.batches("criteo", 2, WORLD)
+        got = [next(reader) for _ in range(3)]
+        reader.close()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    procs, _ = start_cluster(data, tmp_path, BATCH, (zero, moved))
+    try:
+        client.wait_ready(timeout=60)
+        got += list(client.batches("criteo", 2, WORLD, start_step=3))
+        n = -(-ROWS // (WORLD * BATCH))
+        assert [b.step for b in got] == list(range(n))
+        fresh = list(Client("grpc://" + zero).batches("criteo", 2, WORLD))
+        assert real_ids(got) == real_ids(fresh)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 @pytest.mark.parametrize("pause", [0.0, 0.01])
