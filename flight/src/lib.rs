@@ -29,6 +29,7 @@ mod client;
 mod doget;
 mod encode;
 mod idle;
+mod intake;
 mod json;
 mod served;
 mod service;

@@ -12,7 +12,6 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
 };
 use bytes::Bytes;
-use futures::FutureExt;
 use futures::stream::{self, BoxStream, Stream, StreamExt, TryStreamExt};
 use serde::Deserialize;
 use tonic::transport::ServerTlsConfig;
@@ -23,6 +22,7 @@ use crate::auth::{Auth, Denied, Role};
 use crate::doget::Route;
 use crate::encode::Encoder;
 use crate::idle::{FirstWords, GREETING_TIMEOUT};
+use crate::intake::{Intake, PUSHES_HELD};
 use crate::served::{BatchMeta, Origin, ServeError, Served};
 use crate::ticket::Ticket;
 use crate::tls::identity;
@@ -94,6 +94,8 @@ pub struct FlightServer {
     auth: Option<Auth>,
     max_message_bytes: usize,
     tls: Option<ServerTlsConfig>,
+    /// Where pushed batches take turns (`intake.rs`).
+    intake: Intake,
 }
 
 impl FlightServer {
@@ -120,6 +122,7 @@ impl FlightServer {
             auth,
             max_message_bytes,
             tls: None,
+            intake: Intake::new(PUSHES_HELD),
         };
         (server, ready)
     }
@@ -164,9 +167,11 @@ impl FlightServer {
             // Each open stream holds memory (~8 KB): without a bound one connection could
             // open streams until the host runs out (400k streams held 3.2 GB).
             .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-            // Large HTTP/2 windows: a rank's stream is a bulk transfer.
-            .initial_stream_window_size(Some(16 << 20))
-            .initial_connection_window_size(Some(64 << 20))
+            // What a producer may send ahead of what the server has read (its receive
+            // windows; a rank's stream is bounded by the trainer's). A push waiting for
+            // its turn (`intake.rs`) holds that much here.
+            .initial_stream_window_size(Some(RECEIVE_WINDOW))
+            .initial_connection_window_size(Some(4 * RECEIVE_WINDOW))
             .add_service(service)
             .serve_with_incoming_shutdown(
                 // A connection that never starts talking is dropped (`idle.rs`).
@@ -329,6 +334,11 @@ fn header<T>(request: &Request<T>) -> Option<&str> {
 /// Longest producer name a DoPut may give.
 const MAX_PRODUCER_BYTES: usize = 200;
 
+/// The HTTP/2 window a client may send into on each stream before the server reads it:
+/// large enough to keep a push at full speed over loopback and a LAN, small enough that
+/// producers waiting for their turn hold little each.
+const RECEIVE_WINDOW: u32 = 2 << 20;
+
 /// The origin of a batch pushed by `producer` (if it named itself) with `metadata`.
 fn origin(producer: Option<&str>, metadata: &[u8]) -> Result<Option<Origin>, Status> {
     let Some(producer) = producer else {
@@ -486,11 +496,13 @@ impl FlightService for FlightServer {
     ) -> Result<Response<Self::DoPutStream>, Status> {
         self.check(&request, Role::Ingest)?;
         let mut input = request.into_inner();
-        let first = input
-            .message()
-            .await
+        let (first, place) = self.intake.next(&mut input).await;
+        let first = first
+            .map_err(|_| Status::invalid_argument("bad DoPut stream: it could not be read"))?
+            .transpose()
             .map_err(too_large)?
             .ok_or_else(|| Status::invalid_argument("DoPut stream is empty"))?;
+        drop(place);
         let (pipeline, producer) = match first.flight_descriptor.as_ref().map(|d| d.path.as_slice())
         {
             Some([ingest, name]) if ingest == "ingest" => (self.pipeline(name)?.clone(), None),
@@ -522,25 +534,27 @@ impl FlightService for FlightServer {
                 Ok(m)
             })
             .map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s)));
-        let mut batches = Box::pin(FlightDataDecoder::new(messages).filter_map(|d| async move {
-            match d {
-                Ok(DecodedFlightData {
-                    inner,
-                    payload: DecodedPayload::RecordBatch(batch),
-                }) => Some(Ok((batch, inner.app_metadata))),
-                Ok(_) => None,
-                Err(e) => Some(Err(e)),
-            }
-        }));
+        // Boxed: a trait object's `next` is one type whatever the lifetimes (the intake
+        // polls it from a generic function inside a spawned task).
+        let mut batches: BoxStream<'static, _> =
+            Box::pin(FlightDataDecoder::new(messages).filter_map(|d| async move {
+                match d {
+                    Ok(DecodedFlightData {
+                        inner,
+                        payload: DecodedPayload::RecordBatch(batch),
+                    }) => Some(Ok((batch, inner.app_metadata))),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            }));
         let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let intake = self.intake.clone();
         tokio::spawn(async move {
             loop {
                 // Messages are checked before arrow decodes them; should its decoder still
                 // panic, the producer gets an error, never a stream that ends OK without
-                // acknowledgements.
-                let next = crate::check::Guarded(std::panic::AssertUnwindSafe(batches.next()))
-                    .catch_unwind()
-                    .await;
+                // acknowledgements. The place is kept until the batch is admitted.
+                let (next, _place) = intake.next(&mut batches).await;
                 let batch = match next {
                     Ok(Some(batch)) => batch,
                     Ok(None) => return,
