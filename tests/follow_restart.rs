@@ -121,6 +121,40 @@ fn a_followed_folder_streams_new_files_and_resumes_from_a_commit() {
     assert!(parts.iter().all(|p| p.exists()) && b.join("p0.parquet").exists());
 }
 
+/// A file skipped before the commit's row is not read again after a restart, and is still
+/// listed as skipped (found by a hostile run: `status` listed none after a restart past a
+/// commit, though the manifest keeps them).
+#[test]
+fn files_skipped_before_a_commit_are_still_listed_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, state) = folder_with_state(dir.path(), &[3_000], 41);
+    let folder = dir.path().join("followed");
+    std::fs::create_dir_all(&folder).unwrap();
+    let state_dir = dir.path().join("sd");
+    let rt = common::pushed::runtime();
+    rt.block_on(async {
+        let (mut server, uri) = serve_following(&folder, &state, &state_dir);
+        publish(&source.join("part-0.parquet"), &folder, "p0.parquet");
+        std::fs::write(folder.join("p1-bad.parquet"), b"not parquet").unwrap();
+        admitted(&uri, 2).await;
+        // 3,000 rows in steps of 2 x 500: the commit after step 2 is past both files.
+        assert!(read(&uri, 0, 3).await.iter().all(|r| r.len() == 3));
+        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        assert_eq!(client.commit("criteo", 3).await.unwrap()["committed"], 3);
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+
+        let (_server, uri) = serve_following(&folder, &state, &state_dir);
+        let s = admitted(&uri, 2).await;
+        assert_eq!(s["follow"]["skipped_files"], 1, "{s}");
+        let skipped = s["follow"]["skipped"][0].to_string();
+        assert!(
+            skipped.contains("p1-bad.parquet") && skipped.contains("not a Parquet"),
+            "{skipped}"
+        );
+    });
+}
+
 /// `end_ingest` on a followed folder is recorded in the manifest: a server SIGKILLed after
 /// it and restarted on the same state directory ends the stream at the same row — the
 /// same steps, then a clean end — and a file that appeared since is not admitted.

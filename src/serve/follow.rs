@@ -126,6 +126,20 @@ impl FollowCounts {
     fn skip(&self, file: &str, error: &str) {
         hydrant_operators::log_line!("hydrant: skipping the rest of followed file {file}: {error}");
         metrics::counter!(crate::metrics::FOLLOW_SKIPPED).increment(1);
+        self.list_skipped(file, error);
+    }
+
+    /// Counts and lists the files a server before a restart skipped (from the rows its
+    /// manifest records) that are not read again: those wholly before the commit's row.
+    pub fn skipped_before(&self, admissions: &[Admission]) {
+        for a in admissions {
+            if let Some(error) = &a.error {
+                self.list_skipped(&a.file, error);
+            }
+        }
+    }
+
+    fn list_skipped(&self, file: &str, error: &str) {
         self.skipped_files.fetch_add(1, Ordering::Relaxed);
         let mut skipped = lock(&self.skipped);
         skipped.push((file.to_string(), error.to_string()));
@@ -257,6 +271,7 @@ impl Follower {
                         rows: None,
                         bytes: None,
                         sum: None,
+                        error: None,
                     };
                     (a, false)
                 })
@@ -613,6 +628,7 @@ mod tests {
             rows,
             bytes: None,
             sum: None,
+            error: None,
         };
         let ended = Recorded {
             admissions: vec![a(0, Some(10)), a(10, None), a(25, None)],
@@ -675,6 +691,7 @@ mod tests {
                     rows: Some(10),
                     bytes: Some(7),
                     sum: None,
+                    error: None,
                 },
                 Admission {
                     file: "b.parquet".into(),
@@ -682,6 +699,7 @@ mod tests {
                     rows: None,
                     bytes: None,
                     sum: None,
+                    error: None,
                 },
             ]
         );

@@ -260,8 +260,10 @@ impl ServedPipeline {
             ingest.keep_versions(sd, deliver_from, next_row)?;
         }
         let counts = Arc::new(FollowCounts::default());
-        // Files admitted before (and not read again) count as admitted.
+        // Files admitted before (and not read again) count as admitted, and those of
+        // them skipped as skipped.
         counts.files.store(first as u64, Ordering::Relaxed);
+        counts.skipped_before(&recorded[..first]);
         self.follow = Some(counts.clone());
         let follower = follow::Follower {
             pushed: Arc::downgrade(&ingest),

@@ -72,6 +72,8 @@ pub(in crate::serve) struct Admission {
     pub bytes: Option<u64>,
     /// Its contents' checksum then.
     pub sum: Option<u64>,
+    /// Why the rest of it was skipped, as its `end` line says.
+    pub error: Option<String>,
 }
 
 /// The manifest, appended to.
@@ -120,9 +122,13 @@ impl Manifest {
                     rows: None,
                     bytes,
                     sum,
+                    error: None,
                 }),
-                Line::End { file, rows, .. } => match admissions.last_mut() {
-                    Some(a) if a.file == file && a.rows.is_none() => a.rows = Some(rows),
+                Line::End { file, rows, error } => match admissions.last_mut() {
+                    Some(a) if a.file == file && a.rows.is_none() => {
+                        a.rows = Some(rows);
+                        a.error = error;
+                    }
                     _ => {
                         let why = format!("`end` of {file} at byte {whole} has no `begin`");
                         return Err(state_error(&path, &why));
