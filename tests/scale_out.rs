@@ -52,6 +52,22 @@ fn cluster_process(
     cluster_process_with(io, hosts, p, input, &[])
 }
 
+/// The rows the cluster's processes delivered, each having ended well.
+fn rows_of(processes: impl IntoIterator<Item = std::process::Child>) -> u64 {
+    processes
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .map(|o| {
+            let said = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{said}");
+            let out = String::from_utf8_lossy(&o.stdout);
+            let summary: serde_json::Value =
+                serde_json::from_str(out.lines().last().unwrap()).unwrap();
+            summary["rows"].as_u64().unwrap()
+        })
+        .sum()
+}
+
 /// A hostfile in `dir` of two free ports on loopback.
 fn two_hosts(dir: &Path) -> PathBuf {
     let hosts = dir.join("hosts");
@@ -584,18 +600,7 @@ fn a_hostfile_may_list_more_hosts_than_processes() {
     let children: Vec<_> = (0..2)
         .map(|p| cluster_process(&io, &hosts, p, None))
         .collect();
-    let rows: u64 = children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .map(|o| {
-            let said = String::from_utf8_lossy(&o.stderr);
-            assert!(o.status.success(), "{said}");
-            let out = String::from_utf8_lossy(&o.stdout);
-            let summary: serde_json::Value =
-                serde_json::from_str(out.lines().last().unwrap()).unwrap();
-            summary["rows"].as_u64().unwrap()
-        })
-        .sum();
+    let rows = rows_of(children);
     assert_eq!(rows, 1_003);
     let took = started.elapsed();
     assert!(took < Duration::from_secs(30), "{took:?}");
@@ -663,18 +668,7 @@ fn a_process_started_twice_leaves_the_first_to_join() {
         said.contains("process 1 of this cluster is running there already"),
         "{said}"
     );
-    let rows: u64 = [first, zero]
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .map(|o| {
-            let said = String::from_utf8_lossy(&o.stderr);
-            assert!(o.status.success(), "{said}");
-            let out = String::from_utf8_lossy(&o.stdout);
-            let summary: serde_json::Value =
-                serde_json::from_str(out.lines().last().unwrap()).unwrap();
-            summary["rows"].as_u64().unwrap()
-        })
-        .sum();
+    let rows = rows_of([first, zero]);
     assert_eq!(rows, 1_003);
 }
 
