@@ -145,6 +145,8 @@ def main():
                 stopped = True
                 break
         if stopped:
+            # Stopped mid-epoch: the reader has steps read ahead; its stream ends here.
+            data.close()
             break
         if rank == 0:
             # The epoch's end: a resume starts the next epoch at step 0.
@@ -171,6 +173,9 @@ def main():
             with open(args.record_rows, "w") as f:
                 json.dump({str(e): ids for e, ids in merged.items()}, f)
         print(json.dumps(summary), flush=True)
+    # Both ranks leave the process group together: one that tore its side down while the
+    # other still wrote its record would cut a connection the other's group still holds.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -176,6 +176,20 @@ class TorchDataset(_dataset_base()):
         """The epoch the next iteration reads."""
         self.epoch = epoch
 
+    def close(self) -> None:
+        """Cancels the stream an iteration left open (a trainer that stops mid-epoch, as
+        at a checkpoint-and-exit) and joins its reader thread. A later iteration opens a
+        new one; leaving a ``with`` block closes too."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def __iter__(self):
         torch = _torch()
         if torch.utils.data.get_worker_info() is not None:

@@ -101,7 +101,8 @@ def test_dataloader_workers_are_refused_with_a_clear_error(serve):
 
 
 def run_ddp(uri, tmp_path, *extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # faulthandler: a rank that aborts prints every thread's Python stack.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2"]
     out = subprocess.run(
@@ -109,7 +110,7 @@ def run_ddp(uri, tmp_path, *extra):
          "--epochs", "2", "--checkpoint", str(tmp_path / "ckpt.pt"), *map(str, extra)],
         capture_output=True, text=True, env=env, timeout=600,
     )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     lines = out.stdout.strip().splitlines()
     return lines, json.loads(lines[-1])
 
@@ -167,3 +168,28 @@ def test_a_trainer_that_stops_mid_epoch_without_closing_its_reader_exits_cleanly
             capture_output=True, text=True, env=env, timeout=60,
         )
         assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_closing_a_dataset_mid_epoch_ends_its_stream_and_thread(serve):
+    """``TorchDataset.close()`` (and leaving its ``with`` block) ends the stream an
+    iteration left open and joins its reader thread; the next iteration reads afresh."""
+    import threading
+
+    torch = need_torch()
+    s = serve("--ranks", "1", "--batch-size", "100", "--epochs", "2")
+
+    def readers():
+        return [t for t in threading.enumerate() if t.name.startswith("hydrant-rank-")]
+
+    with TorchDataset(s.uri, "criteo", rank=0, world_size=1) as data:
+        for i, item in enumerate(torch.utils.data.DataLoader(data, batch_size=None)):
+            if i == 2:
+                break
+        assert len(readers()) == 1  # reading ahead
+        data.close()
+        assert readers() == []
+        data.close()  # twice is harmless
+        assert [i["step"] for i in data][:3] == [0, 1, 2]
+        data.set_epoch(1)
+        next(iter(data))
+    assert readers() == []
