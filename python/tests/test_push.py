@@ -692,3 +692,57 @@ def test_a_producer_whose_token_expired_logs_in_again_and_loses_nothing(tmp_path
         assert refused.value.acks == []
     finally:
         s.stop()
+
+
+def test_producers_waiting_for_queue_space_hold_little_more_than_their_count(tmp_path):
+    """Producers pushing while no rank is read all wait for queue space. A DoPut reads its
+    next message only once it may be admitted (a few at a time), and the server's HTTP/2
+    receive windows are 2 MiB a stream, so 16 producers of a 15 MiB batch hold little
+    more than 4 do. Before, each waiting producer held its batch, decoded, and 16 MiB more
+    in flight: going from 4 to 16 producers added 325 MB; now about 85 MB."""
+    import numpy as np
+
+    rows = 1_000_000  # 15.3 MiB a batch
+
+    def batch(producer):
+        u = np.arange(producer * 10**8, producer * 10**8 + rows, dtype=np.int64)
+        return pa.record_batch({"u": u, "y": (u % 2).astype(np.float64)})
+
+    pipeline = (
+        'name = "p"\nlabel = { column = "y", type = "float32" }\n'
+        '[[group]]\nname = "g"\nkind = "ids"\ncolumns = ["u"]\nsteps = []\n'
+    )
+    files, toml = tmp_path / "files.toml", tmp_path / "p.toml"
+    files.write_text(pipeline)
+    toml.write_text('input = "flight"\n' + pipeline)
+    pq.write_table(pa.Table.from_batches([batch(0)]).slice(0, 100), tmp_path / "fit.parquet")
+    hydrant("fit", "--pipeline", files, "--input", tmp_path / "fit.parquet",
+            "--out", tmp_path / "state.json")
+
+    def peak_rss(producers):
+        s = Server("--pipeline", toml, "--state", tmp_path / "state.json", "--ranks", "2",
+                   "--batch-size", "1000")
+        try:
+            def push(p):
+                try:
+                    Client(s.uri).push("p", [batch(p)], producer=f"x{p}")
+                except HydrantError:
+                    pass  # cut when the server stops
+
+            for p in range(producers):
+                threading.Thread(target=push, args=(p,), daemon=True).start()
+            peak, until = 0, time.monotonic() + 5
+            while time.monotonic() < until:
+                with open(f"/proc/{s.proc.pid}/status") as f:
+                    kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+                peak = max(peak, kb * 1024)
+                time.sleep(0.1)
+            assert Client(s.uri).status()["pipelines"], "the server stopped answering"
+            return peak
+        finally:
+            s.stop()
+
+    few, many = peak_rss(4), peak_rss(16)
+    batch_bytes = rows * 16
+    # Twelve more producers hold less than their twelve batches.
+    assert many - few < 12 * batch_bytes, (few >> 20, many >> 20)
