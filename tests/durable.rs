@@ -680,3 +680,51 @@ fn a_push_refused_for_a_full_disk_is_taken_when_sent_again() {
     ids.sort_unstable();
     assert_eq!(ids, (0..20_050).collect::<Vec<_>>());
 }
+
+/// Found by a hostile run: the trainers' resume step after an ended input's padded last
+/// step starts past every row admitted, and its commit recorded that row as admitted, so
+/// every restart refused the state directory ("acknowledged rows are missing"). Now such a
+/// commit records the rows admitted, and a restart serves the ended stream: a resume at
+/// the committed step ends at once, and nothing more is taken.
+#[test]
+fn a_commit_of_the_step_after_a_padded_end_restarts_as_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let rt = runtime();
+    // In order: step 5 starts at row 320 (a shuffled step starts at its window's start).
+    let serve = || start_with(dir.path(), &["--state-dir".as_ref(), spool.as_os_str()]);
+    // 3 batches of 100 rows: 5 steps of 64, the last padded.
+    {
+        let (_server, uri) = serve();
+        rt.block_on(async {
+            let reader = tokio::spawn({
+                let uri = uri.clone();
+                async move { read_steps(&uri, 0, usize::MAX).await }
+            });
+            assert!(push_all(&uri, "p", 0..3, 100).await.is_empty());
+            end_ingest(&uri).await;
+            let steps = reader.await.unwrap();
+            assert_eq!(steps.len(), 5);
+            assert!(steps[4].meta.padded_rows > 0, "{:?}", steps[4].meta);
+            let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+            let reply = client.commit("pushed", 5).await.unwrap();
+            assert_eq!(reply["committed"], 5, "{reply}");
+        });
+    }
+    let commit = std::fs::read(spool.join("commit.json")).unwrap();
+    let commit: serde_json::Value = serde_json::from_slice(&commit).unwrap();
+    assert_eq!(commit["rows_in"], 300, "{commit}");
+    let (_server, uri) = serve();
+    rt.block_on(async {
+        let rest = read_steps(&uri, 5, usize::MAX).await;
+        assert!(rest.iter().all(|s| s.batch.num_rows() == 0), "{rest:?}");
+        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        let status = client.status().await.unwrap();
+        let pushed = &status["pipelines"][0]["pushed"];
+        assert!(pushed["replay_failed"].is_null(), "{pushed}");
+        assert_eq!(pushed["ended"], true, "{pushed}");
+        assert_eq!(pushed["committed_step"], 5, "{pushed}");
+        // The producer's retries are duplicates; the input takes nothing new.
+        assert_eq!(push_all(&uri, "p", 0..3, 100).await, [0, 1, 2]);
+    });
+}

@@ -74,6 +74,11 @@ impl Pushed {
             && let Some(committer) = &commits.committer
         {
             let row = self.placement.stream_start(step);
+            // A step past the rows of an ended input (the trainers' resume step after its
+            // padded last one) starts past every row admitted: only those were spooled.
+            let ended = self.counts.ended.load(Ordering::Acquire);
+            let admitted_rows = self.counts.rows_in.load(Ordering::SeqCst);
+            let spooled = if ended { row.min(admitted_rows) } else { row };
             // Every batch whose rows lie before `row` has its sequence number here.
             let admitted = lock(&self.admitted).clone().into_iter().collect();
             // Refreshed statistics count rows again from their last refresh point.
@@ -88,9 +93,9 @@ impl Pushed {
                 // `row` were given to the ranks, so spooled first. Never fewer either: a
                 // replay after a restart counts again from the last commit's row.
                 rows_in: Some(
-                    (self.counts.rows_in.load(Ordering::SeqCst))
+                    admitted_rows
                         .max(self.counts.committed_rows_in.load(Ordering::SeqCst))
-                        .max(row),
+                        .max(spooled),
                 ),
             };
             deleted = committer

@@ -459,7 +459,8 @@ impl Pushed {
             }
         };
         self.counts.dropped.store(st.dropped, Ordering::Relaxed);
-        self.counts.ended.store(true, Ordering::Relaxed);
+        // Released: a commit that sees the end sees every row admitted before it.
+        self.counts.ended.store(true, Ordering::Release);
         for run in lock(runs).iter() {
             run.ended.cancel();
         }
