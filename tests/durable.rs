@@ -728,3 +728,55 @@ fn a_commit_of_the_step_after_a_padded_end_restarts_as_ended() {
         assert_eq!(push_all(&uri, "p", 0..3, 100).await, [0, 1, 2]);
     });
 }
+
+/// Found by a hostile run: after a commit deleted spool segments and the server was
+/// restarted, admission numbers (an ack's `seq`) began again from the oldest batch the
+/// spool still held (18, 19, 20 after 39). They go on from the last commit's count now.
+#[test]
+fn admission_numbers_go_on_after_a_commit_deleted_segments_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("spool");
+    let rt = runtime();
+    {
+        let (mut server, uri) = serve_spooled(dir.path(), &spool, 1);
+        rt.block_on(async {
+            let reader = tokio::spawn({
+                let uri = uri.clone();
+                async move { read_steps(&uri, 0, 2000).await }
+            });
+            // 160,000 rows in ~3 segments; step 2000 needs rows from ~128,000 on.
+            assert!(push_all(&uri, "p", 0..8, CUT_ROWS).await.is_empty());
+            assert_eq!(reader.await.unwrap().len(), 2000);
+            let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+            let started = std::time::Instant::now();
+            let reply = loop {
+                match client.commit("pushed", 2000).await {
+                    Ok(reply) => break reply,
+                    Err(e) => assert!(started.elapsed().as_secs() < 30, "{e}"),
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            };
+            assert!(reply["deleted_segments"].as_u64().unwrap() > 0, "{reply}");
+        });
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+    }
+    let (_server, uri) = serve_spooled(dir.path(), &spool, 1);
+    rt.block_on(async {
+        // The replay, which pushes wait for, waits for a trainer to read.
+        let reader = tokio::spawn({
+            let uri = uri.clone();
+            async move { read_steps(&uri, 2000, usize::MAX).await }
+        });
+        let mut client = flight_client(&uri).await;
+        let acked = ack(&mut client, ("q", 0)).await;
+        assert_eq!(acked["seq"], 8, "{acked}");
+        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
+        let status = client.status().await.unwrap();
+        assert_eq!(
+            status["pipelines"][0]["pushed"]["batches_in"], 9,
+            "{status}"
+        );
+        reader.abort();
+    });
+}

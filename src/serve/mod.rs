@@ -435,6 +435,7 @@ impl ServedPipeline {
                     skip_below: 0,
                     replay_failed: None,
                     committed_rows_in: None,
+                    committed_batches_in: None,
                     input_failed: Arc::default(),
                     end_record: None,
                     refresh,

@@ -33,8 +33,9 @@ impl Pushed {
         let mut st = lock(&self.state);
         st.skip_below = commit.row;
         st.committed_rows_in = commit.rows_in;
+        st.committed_batches_in = commit.batches_in;
         if let Some(rows) = commit.rows_in {
-            self.counts.committed_rows_in.store(rows, Ordering::SeqCst);
+            *lock(&self.counts.committed_in) = (rows, commit.batches_in);
         }
         *lock(&self.admitted) = commit.admitted.clone().into_iter().collect();
         lock(&self.commits).last = Some(commit.step);
@@ -77,8 +78,21 @@ impl Pushed {
             // A step past the rows of an ended input (the trainers' resume step after its
             // padded last one) starts past every row admitted: only those were spooled.
             let ended = self.counts.ended.load(Ordering::Acquire);
-            let admitted_rows = self.counts.rows_in.load(Ordering::SeqCst);
+            let (admitted_rows, admitted_batches) = *lock(&self.counts.admitted);
             let spooled = if ended { row.min(admitted_rows) } else { row };
+            // Never more than is durable: `admitted` is stored once a batch is spooled and
+            // synced, the last commit's count was durable, and the rows before `spooled`
+            // were given to the ranks, so spooled first. Never fewer either: a replay
+            // after a restart counts again from the oldest segment kept. Each count goes
+            // with the batches it was reached in (unknown for a step's row past both).
+            let was = *lock(&self.counts.committed_in);
+            // (The last of equals is the greatest: the admitted count, whose batches are
+            // known.)
+            let (rows_in, batches_in) = [was, (admitted_rows, Some(admitted_batches))]
+                .into_iter()
+                .max_by_key(|&(rows, _)| rows)
+                .filter(|&(rows, _)| rows >= spooled)
+                .unwrap_or((spooled, None));
             // Every batch whose rows lie before `row` has its sequence number here.
             let admitted = lock(&self.admitted).clone().into_iter().collect();
             // Refreshed statistics count rows again from their last refresh point.
@@ -88,22 +102,13 @@ impl Pushed {
                 row,
                 admitted,
                 keep: (counts_from < row).then_some(counts_from),
-                // Never more than is durable: `rows_in` is stored once a batch is spooled
-                // and synced, the last commit's count was durable, and the rows before
-                // `row` were given to the ranks, so spooled first. Never fewer either: a
-                // replay after a restart counts again from the last commit's row.
-                rows_in: Some(
-                    admitted_rows
-                        .max(self.counts.committed_rows_in.load(Ordering::SeqCst))
-                        .max(spooled),
-                ),
+                rows_in: Some(rows_in),
+                batches_in,
             };
             deleted = committer
                 .commit(&commit)
                 .map_err(|e| ServeError::Internal(e.to_string()))?;
-            if let Some(rows) = commit.rows_in {
-                self.counts.committed_rows_in.store(rows, Ordering::SeqCst);
-            }
+            *lock(&self.counts.committed_in) = (rows_in, batches_in);
             let segments = committer.segments() as u64;
             self.counts.segments.store(segments, Ordering::Relaxed);
         }
@@ -127,6 +132,7 @@ impl Pushed {
             let mut st = lock(&self.state);
             st.spool = Some(spool);
             st.next_row = records.first_row();
+            self.count_from_commit(&mut st);
             if records.is_empty() {
                 self.check_replayed(&mut st);
                 return;
@@ -153,6 +159,7 @@ impl Pushed {
                     break;
                 }
                 this.counts.replayed.fetch_add(1, Ordering::Relaxed);
+                this.count_from_commit(&mut st);
             }
             this.check_replayed(&mut st);
             st.replaying = false;
@@ -171,6 +178,20 @@ impl Pushed {
             st.replaying = false;
             drop(st);
             self.replayed.notify_all();
+        }
+    }
+
+    /// Numbers admitted batches on from the last commit's count, not from the oldest batch
+    /// the spool still holds: once the replay reaches the rows that commit saw admitted,
+    /// the batches admitted are the ones it saw (those of deleted segments included).
+    fn count_from_commit(&self, st: &mut Ingest) {
+        if let (Some(rows), Some(batches)) = (st.committed_rows_in, st.committed_batches_in)
+            && st.next_row == rows
+            && st.seq < batches
+        {
+            st.seq = batches;
+            self.counts.batches_in.store(batches, Ordering::Relaxed);
+            *lock(&self.counts.admitted) = (st.next_row, st.seq);
         }
     }
 

@@ -73,6 +73,8 @@ pub(super) struct Ingest {
     /// The rows the last commit saw admitted ([`Commit::rows_in`]): the spool's replay
     /// must reach them.
     pub committed_rows_in: Option<u64>,
+    /// The batches the last commit saw admitted ([`Commit::batches_in`]).
+    pub committed_batches_in: Option<u64>,
     /// Where the run's streams learn that the input failed ([`Run::input_failed`]). Not the
     /// run's error slot: the dataflow would stop at once, and the complete steps it holds
     /// would be lost with it.
@@ -118,9 +120,13 @@ pub(super) struct PushCounts {
     pub durable: AtomicBool,
     /// The last committed step, plus one (0: none yet).
     pub committed: AtomicU64,
-    /// Rows the last commit saw admitted (durable): a commit made while the spool is
-    /// replayed records no fewer, or a segment cut short later would go unnoticed.
-    pub committed_rows_in: AtomicU64,
+    /// Rows and batches admitted, stored together so that a commit reads a pair that
+    /// was true at once (it takes no lock a producer holds).
+    pub admitted: Mutex<(u64, u64)>,
+    /// Rows the last commit saw admitted (durable), with the batches they came in: a
+    /// commit made while the spool is replayed records no fewer, or a segment cut short
+    /// later would go unnoticed.
+    pub committed_in: Mutex<(u64, Option<u64>)>,
     /// Spool segments on disk.
     pub segments: AtomicU64,
     /// Steps every rank has been given (kept by the dataflow).
@@ -365,6 +371,7 @@ impl Pushed {
         st.seq += 1;
         self.counts.rows_in.store(st.next_row, Ordering::Relaxed);
         self.counts.batches_in.store(st.seq, Ordering::Relaxed);
+        *lock(&self.counts.admitted) = (st.next_row, st.seq);
         metrics::counter!(crate::metrics::ADMITTED_ROWS).increment(rows);
         Ok(Accepted {
             seq: Some(st.seq - 1),

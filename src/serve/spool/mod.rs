@@ -69,6 +69,11 @@ pub struct Commit {
     /// written before this was recorded have none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows_in: Option<u64>,
+    /// The batches admitted when `rows_in` rows were: a restarted server numbers the
+    /// batches it admits on from there, though the segments holding the first ones were
+    /// deleted. Unknown for commits written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batches_in: Option<u64>,
 }
 
 impl Commit {
@@ -608,6 +613,7 @@ mod tests {
             admitted: [("p".to_string(), 4)].into(),
             keep: None,
             rows_in: None,
+            batches_in: None,
         };
         // Rows 0..6 are wholly before row 7; the segment holding it stays.
         assert_eq!(opened.spool.committer().commit(&commit).unwrap(), 2);
@@ -704,6 +710,7 @@ mod tests {
             admitted: Default::default(),
             keep: None,
             rows_in: None,
+            batches_in: None,
         };
         std::fs::write(
             dir.path().join(COMMIT_FILE),
