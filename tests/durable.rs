@@ -529,8 +529,7 @@ fn a_commit_during_the_replay_keeps_the_rows_admitted_before_the_restart() {
             assert_eq!(reply["committed"], 20, "{reply}");
         });
     }
-    let commit = std::fs::read(spool.join("commit.json")).unwrap();
-    let commit: serde_json::Value = serde_json::from_slice(&commit).unwrap();
+    let commit = commit_json(&spool);
     assert_eq!(commit["step"], 20, "{commit}");
     assert_eq!(commit["rows_in"], 160_000, "{commit}");
     empty_the_newest_segment(&spool);
@@ -555,14 +554,27 @@ fn eight_batches_committed_at_10(
             async move { read_steps(&uri, 0, usize::MAX).await }
         });
         assert!(push_all(&uri, "p", 0..8, CUT_ROWS).await.is_empty());
-        let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
-        let started = std::time::Instant::now();
-        while let Err(e) = client.commit("pushed", 10).await {
-            assert!(started.elapsed().as_secs() < 30, "{e}");
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        commit_once_delivered(&uri, 10).await;
         reader.abort();
     });
+}
+
+/// Commits `step` once every rank has been given it (within 30 s); the reply.
+async fn commit_once_delivered(uri: &str, step: u64) -> serde_json::Value {
+    let mut client = hydrant_flight::Client::connect(uri).await.unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        match client.commit("pushed", step).await {
+            Ok(reply) => return reply,
+            Err(e) => assert!(started.elapsed().as_secs() < 30, "{e}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The spool's `commit.json`.
+fn commit_json(spool: &std::path::Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(spool.join("commit.json")).unwrap()).unwrap()
 }
 
 /// Empties the spool's newest segment, as a lost write or a careless copy might.
@@ -711,8 +723,7 @@ fn a_commit_of_the_step_after_a_padded_end_restarts_as_ended() {
             assert_eq!(reply["committed"], 5, "{reply}");
         });
     }
-    let commit = std::fs::read(spool.join("commit.json")).unwrap();
-    let commit: serde_json::Value = serde_json::from_slice(&commit).unwrap();
+    let commit = commit_json(&spool);
     assert_eq!(commit["rows_in"], 300, "{commit}");
     let (_server, uri) = serve();
     rt.block_on(async {
@@ -747,15 +758,7 @@ fn admission_numbers_go_on_after_a_commit_deleted_segments_and_a_restart() {
             // 160,000 rows in ~3 segments; step 2000 needs rows from ~128,000 on.
             assert!(push_all(&uri, "p", 0..8, CUT_ROWS).await.is_empty());
             assert_eq!(reader.await.unwrap().len(), 2000);
-            let mut client = hydrant_flight::Client::connect(&uri).await.unwrap();
-            let started = std::time::Instant::now();
-            let reply = loop {
-                match client.commit("pushed", 2000).await {
-                    Ok(reply) => break reply,
-                    Err(e) => assert!(started.elapsed().as_secs() < 30, "{e}"),
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            };
+            let reply = commit_once_delivered(&uri, 2000).await;
             assert!(reply["deleted_segments"].as_u64().unwrap() > 0, "{reply}");
         });
         let _ = server.0.kill();

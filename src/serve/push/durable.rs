@@ -32,10 +32,9 @@ impl Pushed {
         }
         let mut st = lock(&self.state);
         st.skip_below = commit.row;
-        st.committed_rows_in = commit.rows_in;
-        st.committed_batches_in = commit.batches_in;
-        if let Some(rows) = commit.rows_in {
-            *lock(&self.counts.committed_in) = (rows, commit.batches_in);
+        st.committed_in = commit.rows_in.map(|rows| (rows, commit.batches_in));
+        if let Some(committed) = st.committed_in {
+            *lock(&self.counts.committed_in) = committed;
         }
         *lock(&self.admitted) = commit.admitted.clone().into_iter().collect();
         lock(&self.commits).last = Some(commit.step);
@@ -185,12 +184,11 @@ impl Pushed {
     /// the spool still holds: once the replay reaches the rows that commit saw admitted,
     /// the batches admitted are the ones it saw (those of deleted segments included).
     fn count_from_commit(&self, st: &mut Ingest) {
-        if let (Some(rows), Some(batches)) = (st.committed_rows_in, st.committed_batches_in)
+        if let Some((rows, Some(batches))) = st.committed_in
             && st.next_row == rows
             && st.seq < batches
         {
             st.seq = batches;
-            self.counts.batches_in.store(batches, Ordering::Relaxed);
             *lock(&self.counts.admitted) = (st.next_row, st.seq);
         }
     }
@@ -200,7 +198,7 @@ impl Pushed {
     /// only ever one that was not acknowledged). Producers' retries of the lost batches
     /// would otherwise be answered as duplicates, and the rows never delivered.
     fn check_replayed(&self, st: &mut Ingest) {
-        let Some(want) = st.committed_rows_in else {
+        let Some((want, _)) = st.committed_in else {
             return;
         };
         if st.replay_failed.is_some() || st.next_row >= want {

@@ -70,11 +70,9 @@ pub(super) struct Ingest {
     pub skip_below: u64,
     /// Why the spool could not be admitted again: nothing more is taken on top of it.
     pub replay_failed: Option<String>,
-    /// The rows the last commit saw admitted ([`Commit::rows_in`]): the spool's replay
-    /// must reach them.
-    pub committed_rows_in: Option<u64>,
-    /// The batches the last commit saw admitted ([`Commit::batches_in`]).
-    pub committed_batches_in: Option<u64>,
+    /// The rows the last commit saw admitted ([`Commit::rows_in`]), which the spool's
+    /// replay must reach, and the batches they came in ([`Commit::batches_in`]).
+    pub committed_in: Option<(u64, Option<u64>)>,
     /// Where the run's streams learn that the input failed ([`Run::input_failed`]). Not the
     /// run's error slot: the dataflow would stop at once, and the complete steps it holds
     /// would be lost with it.
@@ -107,8 +105,6 @@ pub(super) type EndRecord = Box<dyn FnMut(u64) -> crate::Result<()> + Send>;
 /// What `status` reports of pushed input.
 #[derive(Default)]
 pub(super) struct PushCounts {
-    pub rows_in: AtomicU64,
-    pub batches_in: AtomicU64,
     pub dropped: AtomicU64,
     pub ended: AtomicBool,
     /// The server is shutting down: an admission that fails from here on fails because
@@ -369,8 +365,6 @@ impl Pushed {
         taken?;
         st.next_row += rows;
         st.seq += 1;
-        self.counts.rows_in.store(st.next_row, Ordering::Relaxed);
-        self.counts.batches_in.store(st.seq, Ordering::Relaxed);
         *lock(&self.counts.admitted) = (st.next_row, st.seq);
         metrics::counter!(crate::metrics::ADMITTED_ROWS).increment(rows);
         Ok(Accepted {
@@ -496,9 +490,10 @@ impl Pushed {
     /// What `status` reports of pushed input; `follow`: a followed folder's own report.
     pub fn status(&self, follow: Option<serde_json::Value>) -> serde_json::Value {
         let p = &self.counts;
+        let (rows_in, batches_in) = *lock(&p.admitted);
         serde_json::json!({
-            "rows_in": p.rows_in.load(Ordering::Relaxed),
-            "batches_in": p.batches_in.load(Ordering::Relaxed),
+            "rows_in": rows_in,
+            "batches_in": batches_in,
             "ended": p.ended.load(Ordering::Relaxed),
             "dropped_rows": p.dropped.load(Ordering::Relaxed),
             "duplicates": p.duplicates.load(Ordering::Relaxed),
