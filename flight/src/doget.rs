@@ -230,7 +230,11 @@ fn frame(message: Message, out: &mut VecDeque<Bytes>) -> Result<(), Status> {
         + field_len(BODY_FIELD, body_len);
     let len = u32::try_from(len)
         .map_err(|_| Status::internal(format!("a message of {len} bytes is over gRPC's 4 GiB")))?;
-    let mut chunk = BytesMut::with_capacity(64 + message.header.len() + message.app_metadata.len());
+    // Room for every copied byte up front: growing the chunk as small pieces come would
+    // copy them again.
+    let copied: usize = message.body.iter().map(Bytes::len).filter(|&n| n < COPY_BELOW).sum();
+    let mut chunk =
+        BytesMut::with_capacity(64 + message.header.len() + message.app_metadata.len() + copied);
     chunk.put_u8(0); // not compressed
     chunk.put_u32(len);
     put_field(&mut chunk, HEADER_FIELD, &message.header);
