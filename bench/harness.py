@@ -152,7 +152,8 @@ def run_e2e(args, work):
 
 def run_flight(args):
     """One stream, then four concurrent ones (hydrant: four ranks), on each side; the peer
-    with its server in the clients' process (as given) and in a process of its own."""
+    with its server in the clients' process (as given), in a process of its own, and as
+    given serving hydrant's row id and padding columns too."""
     rows, pulls = str(args.flight_rows), "3" if args.smoke else "5"
     runs = {}
     print("flight", flush=True)
@@ -166,6 +167,10 @@ def run_flight(args):
                 (f"pyarrow C++ server{x}", [PEERS / "flight_pyarrow.py"], []),
                 (f"pyarrow C++ server, own process{x}", [PEERS / "flight_pyarrow.py"],
                  ["own-process"]),
+                # The peer as given, its batches carrying hydrant's row ids and padding
+                # flags too (counted by neither): the same messages on both sides.
+                (f"pyarrow C++ server, same columns{x}", [PEERS / "flight_pyarrow.py"],
+                 ["same-columns"]),
             ):
                 r = measure([PY, *cmd, rows, pulls, streams, *extra])
                 if r["rows"] != args.flight_rows:
