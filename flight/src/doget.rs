@@ -232,7 +232,12 @@ fn frame(message: Message, out: &mut VecDeque<Bytes>) -> Result<(), Status> {
         .map_err(|_| Status::internal(format!("a message of {len} bytes is over gRPC's 4 GiB")))?;
     // Room for every copied byte up front: growing the chunk as small pieces come would
     // copy them again.
-    let copied: usize = message.body.iter().map(Bytes::len).filter(|&n| n < COPY_BELOW).sum();
+    let copied: usize = message
+        .body
+        .iter()
+        .map(Bytes::len)
+        .filter(|&n| n < COPY_BELOW)
+        .sum();
     let mut chunk =
         BytesMut::with_capacity(64 + message.header.len() + message.app_metadata.len() + copied);
     chunk.put_u8(0); // not compressed
