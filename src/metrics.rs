@@ -36,9 +36,10 @@ pub const FOLLOW_SKIPPED: &str = "hydrant_follow_skipped_files_total";
 pub const RANK_BATCHES: &str = "hydrant_rank_batches_total";
 /// Counter: bytes of the batches sent to a rank (label `rank`).
 pub const RANK_BYTES: &str = "hydrant_rank_bytes_total";
-/// Gauge, only ever increased (the `metrics` crate's counters are integers): seconds a
-/// rank's stream waited for its next batch (label `rank`).
-pub const RANK_STALL_SECONDS: &str = "hydrant_rank_stall_seconds_total";
+/// Histogram (exported as a summary): each wait of a rank's stream for its next batch,
+/// in seconds (label `rank`). Its `_sum` is the time waited so far, a counter in float
+/// seconds, which the `metrics` crate's integer counters cannot hold.
+pub const RANK_STALL_SECONDS: &str = "hydrant_rank_stall_seconds";
 /// Gauge: batches queued for a rank (label `rank`).
 pub const RANK_QUEUE_DEPTH: &str = "hydrant_rank_queue_depth";
 
@@ -120,10 +121,10 @@ fn describe() {
         Unit::Bytes,
         "Bytes of the batches sent to a rank over Flight."
     );
-    describe_gauge!(
+    describe_histogram!(
         RANK_STALL_SECONDS,
         Unit::Seconds,
-        "Seconds a rank's stream waited for its next batch (only ever increases)."
+        "Each wait of a rank's stream for its next batch (_sum: seconds waited in all)."
     );
     describe_gauge!(RANK_QUEUE_DEPTH, "Batches queued for a rank.");
     for name in [

@@ -285,7 +285,14 @@ def test_metrics_are_exported_for_prometheus(serve):
     # without saying what the line said).
     rows_out = [line for line in text.splitlines() if line.startswith("hydrant_rows_out_total")]
     assert rows_out == [f'hydrant_rows_out_total{{stage="sink"}} {ROWS}'], rows_out
-    assert "hydrant_rank_stall_seconds_total" in text and "hydrant_rank_queue_depth" in text
+    # The stall time is a summary: its sum a float counter, its count the waits; no
+    # `_total` on a series that is not a counter.
+    assert "# TYPE hydrant_rank_stall_seconds summary" in text, text[-3000:]
+    assert 'hydrant_rank_stall_seconds_sum{rank="0"} ' in text
+    assert 'hydrant_rank_stall_seconds_count{rank="0"} ' in text
+    assert "hydrant_rank_queue_depth" in text
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE"))
+    assert [n for n, t in types.items() if n.endswith("_total") and t != "counter"] == []
     assert "# HELP hydrant_rows_out_total " in text and "# HELP hydrant_rank_bytes_total " in text
 
 

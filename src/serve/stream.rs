@@ -256,8 +256,8 @@ impl Consumer {
                     }
                 }
             };
-            metrics::gauge!(crate::metrics::RANK_STALL_SECONDS, "rank" => self.label.clone())
-                .increment(waited.elapsed().as_secs_f64());
+            metrics::histogram!(crate::metrics::RANK_STALL_SECONDS, "rank" => self.label.clone())
+                .record(waited.elapsed().as_secs_f64());
             metrics::gauge!(crate::metrics::RANK_QUEUE_DEPTH, "rank" => self.label.clone())
                 .set(queue.len() as f64);
             let mut slot = self.run.slot(self.rank);
