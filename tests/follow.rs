@@ -336,6 +336,51 @@ fn run_follow_delivers_what_a_run_over_the_same_files_does() {
     let (got, want) = (common::read_output(&out), common::read_output(&reference));
     assert_eq!(got.len(), 6500);
     assert!(got == want, "run --follow featurized other rows than run");
+
+    // Restarted on the same state directory after that end, with a new file in the
+    // folder: the recorded stream is replayed to its end and the run stops by itself,
+    // saying why the new file was left (it used to exit 0 with nothing on stderr).
+    publish(&late, &folder, "part-3.parquet");
+    let again = dir.path().join("again");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+        .args(["run", "--pipeline", toml.to_str().unwrap(), "--follow"])
+        .args([
+            &folder,
+            &"--state".into(),
+            &state,
+            &"--state-dir".into(),
+            &state_dir,
+        ])
+        .args(["--ranks", "2", "--batch-size", "500", "--sink"])
+        .arg(format!("parquet:{}", again.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the restarted run did not stop at the recorded end");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("was ended after 6500 rows") && stderr.contains("no new file is admitted"),
+        "{stderr}"
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        (&summary["rows"], &summary["files"]),
+        (&6500.into(), &3.into())
+    );
+    assert!(
+        common::read_output(&again) == want,
+        "the replay featurized other rows"
+    );
 }
 
 /// A followed folder is one endless stream: options about epochs of files are refused

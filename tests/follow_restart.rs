@@ -184,7 +184,7 @@ fn an_ended_followed_input_stays_ended_after_a_restart() {
     assert_eq!(first.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3]);
     publish(&part(1), &folder, "p1.parquet");
     let again = rt.block_on(async {
-        let (_server, uri) = serve_following(&folder, &state, &state_dir);
+        let (mut server, uri) = serve_following(&folder, &state, &state_dir);
         let reading = read(&uri, 0, usize::MAX);
         let got = tokio::time::timeout(std::time::Duration::from_secs(60), reading)
             .await
@@ -194,6 +194,14 @@ fn an_ended_followed_input_stays_ended_after_a_restart() {
             (&s["ended"], &s["rows_in"]),
             (&true.into(), &3_000.into()),
             "{s}"
+        );
+        // The log says why the file published meanwhile is not admitted.
+        let _ = server.0.kill();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut server.0.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(
+            stderr.contains("was ended after 3000 rows") && stderr.contains("no new file"),
+            "{stderr}"
         );
         got
     });

@@ -233,6 +233,16 @@ impl ServedPipeline {
             ingest.hold(spool::claim(sd, self.delivery.plan.placement(), stream)?);
             let (m, rec) = follow::Manifest::open(sd)?;
             ended = rec.ended;
+            if let Some(rows) = ended {
+                // Said, since nothing else would show it: a restart after SIGTERM (or
+                // `end_ingest`) replays the stream it ended and follows no new file.
+                hydrant_operators::log_line!(
+                    "hydrant: {}: the followed input recorded here was ended after {rows} \
+                     rows; they are replayed as they were and no new file is admitted (a \
+                     new --state-dir starts a new stream)",
+                    sd.display()
+                );
+            }
             recorded = rec.into_replay();
             let m = Arc::new(Mutex::new(m));
             let writer = m.clone();
