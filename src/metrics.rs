@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::{Request, Response, StatusCode};
+use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -160,8 +160,19 @@ async fn serve(listener: tokio::net::TcpListener, handle: PrometheusHandle) {
     }
 }
 
-/// The answer to one request: the metrics, a health check, or 404.
+/// The answer to one request: the metrics, a health check, 404 for another path, or 405
+/// for a method other than GET and HEAD (both paths only read).
 fn answer<B>(handle: &PrometheusHandle, request: &Request<B>) -> Response<Full<Bytes>> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        let mut response = Response::new(Full::new(Bytes::from_static(
+            b"method not allowed: metrics are read with GET\n",
+        )));
+        *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        let headers = response.headers_mut();
+        headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        return response;
+    }
     let (status, body, kind) = match request.uri().path() {
         "/metrics" => (StatusCode::OK, handle.render(), "text/plain; version=0.0.4"),
         "/health" => (StatusCode::OK, "OK".to_string(), "text/plain"),
@@ -194,5 +205,19 @@ mod tests {
         assert_eq!(get("/health"), StatusCode::OK);
         assert_eq!(get("/nope"), StatusCode::NOT_FOUND);
         assert_eq!(get("/"), StatusCode::NOT_FOUND);
+        for method in [Method::DELETE, Method::POST, Method::PUT] {
+            let request = Request::builder()
+                .method(method.clone())
+                .uri("/metrics")
+                .body(())
+                .unwrap();
+            let response = answer(&handle, &request);
+            assert_eq!(
+                response.status(),
+                StatusCode::METHOD_NOT_ALLOWED,
+                "{method}"
+            );
+            assert_eq!(response.headers()[ALLOW], "GET, HEAD");
+        }
     }
 }
