@@ -462,9 +462,15 @@ def test_sigterm_stops_a_server_whose_producer_waits_for_queue_space(tmp_path, d
     s = pushed_server(tmp_path, data, "--ranks", "1", "--batch-size", "8", "--workers", workers)
     # Far more steps than the queue, the dataflow and the channel into it hold together.
     rows = pq.read_table(data[0]).slice(0, 800)
-    producer = threading.Thread(
-        target=lambda: Client(s.uri).push("criteo_hash", rows.to_batches(8)), daemon=True
-    )
+    outcome = []
+
+    def produce():
+        try:
+            outcome.append(Client(s.uri).push("criteo_hash", rows.to_batches(8)))
+        except Exception as e:  # what the producer is told is checked below
+            outcome.append(e)
+
+    producer = threading.Thread(target=produce, daemon=True)
     producer.start()
     try:
         producer.join(timeout=2)
@@ -477,6 +483,13 @@ def test_sigterm_stops_a_server_whose_producer_waits_for_queue_space(tmp_path, d
         # A failed check must not leave the server running.
         if s.proc.poll() is None:
             s.proc.kill()
+    # The producer is not left waiting either: its push fails, naming the batches that
+    # were acknowledged before the server went, so that it can go on from the next.
+    producer.join(timeout=30)
+    assert not producer.is_alive(), "the producer still waits on a server that exited"
+    [error] = outcome
+    assert isinstance(error, PushError), error
+    assert len(error.acks) < 100, error
 
 
 def test_a_stray_reader_of_a_later_step_takes_no_rows_from_the_trainer(pushed):
