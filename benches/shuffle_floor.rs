@@ -19,6 +19,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use hydrant::delivery::Permutation;
 use hydrant::operators::kernels::rows::{store_fence, stream_out};
 
 /// Bytes of a row: label 4, dense 13 × 4, ids 26 × 8, row id 8.
@@ -43,17 +44,10 @@ fn featurize(out: &mut [u8], first: usize) {
     }
 }
 
-/// A fixed permutation of `0..n` (splitmix64-driven Fisher–Yates).
+/// A fixed permutation of `0..n`: where each row of a window goes.
 fn permutation(n: usize) -> Vec<usize> {
-    let mut p: Vec<usize> = (0..n).collect();
-    let mut z = 0x9e37_79b9_7f4a_7c15u64;
-    for i in (1..n).rev() {
-        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut x = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        p.swap(i, ((x ^ (x >> 31)) % (i as u64 + 1)) as usize);
-    }
-    p
+    let p = Permutation::new(n as u64, 42);
+    (0..n as u64).map(|x| p.apply(x) as usize).collect()
 }
 
 fn in_order(steps: &mut [Vec<u8>], staging: &mut [u8]) {

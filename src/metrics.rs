@@ -163,17 +163,13 @@ async fn serve(listener: tokio::net::TcpListener, handle: PrometheusHandle) {
 /// The answer to one request: the metrics, a health check, 404 for another path, or 405
 /// for a method other than GET and HEAD (both paths only read).
 fn answer<B>(handle: &PrometheusHandle, request: &Request<B>) -> Response<Full<Bytes>> {
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        let mut response = Response::new(Full::new(Bytes::from_static(
-            b"method not allowed: metrics are read with GET\n",
-        )));
-        *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-        let headers = response.headers_mut();
-        headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-        return response;
-    }
+    let read = matches!(*request.method(), Method::GET | Method::HEAD);
     let (status, body, kind) = match request.uri().path() {
+        _ if !read => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed: metrics are read with GET\n".to_string(),
+            "text/plain",
+        ),
         "/metrics" => (StatusCode::OK, handle.render(), "text/plain; version=0.0.4"),
         "/health" => (StatusCode::OK, "OK".to_string(), "text/plain"),
         _ => (
@@ -184,9 +180,11 @@ fn answer<B>(handle: &PrometheusHandle, request: &Request<B>) -> Response<Full<B
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    if !read {
+        headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+    }
     response
 }
 

@@ -273,21 +273,25 @@ fn run_follow_delivers_what_a_run_over_the_same_files_does() {
     let late = common::gen_criteo(dir.path(), 1500, 7);
     let (out, state_dir) = (dir.path().join("out"), dir.path().join("sd"));
     let toml = common::criteo_toml();
-    let sink = format!("parquet:{}", out.display());
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .args(["run", "--pipeline", toml.to_str().unwrap(), "--follow"])
-        .args([
-            &folder,
-            &"--state".into(),
-            &state,
-            &"--state-dir".into(),
-            &state_dir,
-        ])
-        .args(["--ranks", "2", "--batch-size", "500", "--sink", &sink])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    // `run --follow` of the folder, recorded in `state_dir`, into the Parquet folder `to`.
+    let follow = |to: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
+            .args(["run", "--pipeline", toml.to_str().unwrap(), "--follow"])
+            .args([
+                &folder,
+                &"--state".into(),
+                &state,
+                &"--state-dir".into(),
+                &state_dir,
+            ])
+            .args(["--ranks", "2", "--batch-size", "500", "--sink"])
+            .arg(format!("parquet:{}", to.display()))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let child = follow(&out);
     publish(&late, &folder, "part-2.parquet");
     // SIGTERM ends the input once the late file's admission is recorded.
     let manifest = state_dir.join(hydrant::serve::MANIFEST_FILE);
@@ -342,21 +346,7 @@ fn run_follow_delivers_what_a_run_over_the_same_files_does() {
     // saying why the new file was left (it used to exit 0 with nothing on stderr).
     publish(&late, &folder, "part-3.parquet");
     let again = dir.path().join("again");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hydrant"))
-        .args(["run", "--pipeline", toml.to_str().unwrap(), "--follow"])
-        .args([
-            &folder,
-            &"--state".into(),
-            &state,
-            &"--state-dir".into(),
-            &state_dir,
-        ])
-        .args(["--ranks", "2", "--batch-size", "500", "--sink"])
-        .arg(format!("parquet:{}", again.display()))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = follow(&again);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while child.try_wait().unwrap().is_none() {
         if std::time::Instant::now() > deadline {
