@@ -62,7 +62,8 @@ impl Arena {
     /// Copies rows `picks` (`(slot, row)`) of `batch` into step `key` (made if new).
     #[cfg(test)]
     pub(crate) fn put(&self, key: Key, batch: &RecordBatch, picks: &[(u32, u32)]) -> Result<()> {
-        self.put_runs((key.0, key.2), batch, &[(key.1, picks.to_vec())])
+        let runs = picks.iter().map(|&(slot, row)| (slot, row, 1)).collect();
+        self.put_runs((key.0, key.2), batch, &[(key.1, runs)])
     }
 
     /// Copies a piece's rows of `batch` (of `rank`, epoch `epoch`) into their steps:
@@ -204,23 +205,26 @@ impl Arena {
     }
 }
 
-/// The picks of `runs` (`(slot, row)` per step) as `(row, run, slot)` in ascending row
+/// The picks of `runs` (`(slot, row, len)` per step) as `(row, run, slot)` in ascending row
 /// order, for a batch of `rows` rows: a row placed twice or past the batch is an error.
 fn in_row_order(runs: &[StepRun], rows: usize) -> Result<Vec<Pick>> {
     const NONE: (u32, u32) = (u32::MAX, u32::MAX);
     let mut at = vec![NONE; rows];
     let mut n = 0;
     for (run, (_, picks)) in runs.iter().enumerate() {
-        for &(slot, row) in picks {
-            match at.get_mut(row as usize) {
-                Some(to) if *to == NONE => *to = (run as u32, slot),
-                _ => {
-                    return Err(Error::Dataflow(format!(
-                        "row {row} of a batch of {rows} was placed twice or is out of range"
-                    )));
+        for &(slot, row, len) in picks {
+            for k in 0..len {
+                let row = row.saturating_add(k);
+                match at.get_mut(row as usize) {
+                    Some(to) if *to == NONE => *to = (run as u32, slot + k),
+                    _ => {
+                        return Err(Error::Dataflow(format!(
+                            "row {row} of a batch of {rows} was placed twice or is out of range"
+                        )));
+                    }
                 }
+                n += 1;
             }
-            n += 1;
         }
     }
     // Kept without a branch a row: which rows a rank takes of a stratum is random, and a
@@ -289,21 +293,25 @@ mod tests {
         let placement = Placement::new(2, 4, LastBatch::Pad, 0, Some(16)).unwrap();
         let arena = Arena::new(&source.schema(), &placement).unwrap();
         let runs: Vec<StepRun> = vec![
-            (2, vec![(0, 7), (1, 5), (2, 3), (3, 1)]),
-            (3, vec![(0, 6), (1, 4), (2, 2), (3, 0)]),
+            (2, vec![(0, 7, 1), (1, 5, 1), (2, 2, 2)]),
+            (3, vec![(0, 6, 1), (1, 4, 1), (2, 0, 2)]),
         ];
         let backwards: Vec<StepRun> = runs.iter().rev().cloned().collect();
         assert!(arena.put_runs((0, 1), &source, &backwards).is_err());
         let mut twice = runs.clone();
-        twice[1].1[0] = (0, 7);
+        twice[1].1[0] = (0, 7, 1);
         assert!(arena.put_runs((0, 1), &source, &twice).is_err());
+        let mut overlapping = runs.clone();
+        overlapping[1].1[2] = (2, 1, 2);
+        assert!(arena.put_runs((0, 1), &source, &overlapping).is_err());
         arena.put_runs((0, 1), &source, &runs).unwrap();
         for (step, picks) in &runs {
             let got = arena.take((0, *step, 1)).unwrap();
             let got = got.finish(&source.schema(), 4).unwrap();
-            for &(slot, row) in picks {
-                let want = source.slice(row as usize, 1);
-                assert_eq!(got.slice(slot as usize, 1), want, "step {step} slot {slot}");
+            for &(slot, row, len) in picks {
+                let want = source.slice(row as usize, len as usize);
+                let got = got.slice(slot as usize, len as usize);
+                assert_eq!(got, want, "step {step} slot {slot}");
             }
         }
     }

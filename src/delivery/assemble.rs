@@ -15,12 +15,12 @@ use super::piece::Piece;
 use super::placement::Placement;
 use crate::error::{Error, Result};
 
-/// The rows of one step that have arrived: how many, and `(batch, [(slot, row)])` per
-/// piece (none when the step is filled in the arena).
+/// The rows of one step that have arrived: how many, and the batch and its [`SlotRun`]s
+/// per piece (none when the step is filled in the arena).
 #[derive(Default)]
 struct Parts {
     rows: usize,
-    parts: Vec<(RecordBatch, Vec<(u32, u32)>)>,
+    parts: Vec<(RecordBatch, Vec<SlotRun>)>,
 }
 
 /// Assembles one rank's steps.
@@ -124,11 +124,11 @@ impl Assembler {
             return Ok(());
         }
         let (mut filled, in_arena) = (Vec::new(), self.arena.is_some());
-        for (step, picks) in step_runs(&self.placement, self.rank, piece)? {
-            let parts = self.count(piece.epoch, step, picks.len())?;
+        for (step, runs) in step_runs(&self.placement, self.rank, piece)? {
+            let parts = self.count(piece.epoch, step, slot_rows(&runs))?;
             match in_arena {
-                true => filled.push((step, picks)),
-                false => parts.parts.push((piece.batch().clone(), picks)),
+                true => filled.push((step, runs)),
+                false => parts.parts.push((piece.batch().clone(), runs)),
             }
         }
         match &self.arena {
@@ -214,68 +214,99 @@ impl Assembler {
             let key = (self.epoch, self.next_step, self.rank);
             return arena.take(key)?.finish(self.empty.schema_ref(), real);
         }
-        if let [(batch, picks)] = parts.parts.as_slice() {
-            let (_, first) = picks[0];
-            let run = picks
-                .iter()
-                .enumerate()
-                .all(|(k, &(slot, row))| slot as usize == k && row == first + k as u32);
-            if run {
-                return Ok(batch.slice(first as usize, real));
-            }
+        if let [(batch, runs)] = parts.parts.as_slice()
+            && let [(0, row, len)] = runs.as_slice()
+            && *len as usize == real
+        {
+            return Ok(batch.slice(*row as usize, real));
         }
         if real == 0 {
             return Ok(self.empty.clone());
         }
         let mut picks = vec![(usize::MAX, 0); real];
         let mut sources = Vec::with_capacity(parts.parts.len());
-        for (p, (batch, rows)) in parts.parts.iter().enumerate() {
+        for (p, (batch, runs)) in parts.parts.iter().enumerate() {
             sources.push(batch);
-            for &(slot, row) in rows {
-                let pick = picks.get_mut(slot as usize).filter(|x| x.0 == usize::MAX);
-                let Some(pick) = pick else {
+            for &(slot, row, len) in runs {
+                let (slot, row) = (slot as usize, row as usize);
+                let to = picks.get_mut(slot..slot + len as usize);
+                let Some(to) = to.filter(|to| to.iter().all(|x| x.0 == usize::MAX)) else {
                     return Err(self.duplicate(self.epoch, self.next_step));
                 };
-                *pick = (p, row as usize);
+                for (k, pick) in to.iter_mut().enumerate() {
+                    *pick = (p, row + k);
+                }
             }
         }
         gather(self.empty.schema_ref(), &sources, &picks)
     }
 }
 
-/// One step's rows of a piece: the step, and `(slot, row)` for each row.
-pub(crate) type StepRun = (u64, Vec<(u32, u32)>);
+/// Rows of a piece in one step: `(slot, row, len)`, rows `row..row + len` of its batch into
+/// slots `slot..slot + len`.
+pub(crate) type SlotRun = (u32, u32, u32);
+
+/// The rows in `runs`.
+pub(crate) fn slot_rows(runs: &[SlotRun]) -> usize {
+    runs.iter().map(|&(_, _, len)| len as usize).sum()
+}
+
+/// One step's rows of a piece: the step, and its [`SlotRun`]s.
+pub(crate) type StepRun = (u64, Vec<SlotRun>);
 
 /// The rows of `piece` (for `rank`) step by step, in step order: what an owner, or a
-/// reader filling the arena, puts where.
+/// reader filling the arena, puts where. Runs are cut where steps end, and joined where
+/// slots and rows go on together: rows in order make a run or two a step, whatever `B`.
 pub(crate) fn step_runs(placement: &Placement, rank: usize, piece: &Piece) -> Result<Vec<StepRun>> {
     let b = placement.batch_size() as u64;
     let step_rows = placement.step_rows();
-    let mut runs = Vec::new();
-    let mut k = 0;
-    while k < piece.indices.len() {
-        // Indices are grouped by step in ascending step order: one division finds the
-        // step, a binary search its run's end (a division a row was 3% of a serving
-        // process's CPU), and slots are offsets (an index out of place is caught below).
-        let step = piece.indices[k] / step_rows;
-        let start = step * step_rows;
-        let (first, end) = (start + rank as u64 * b, start.saturating_add(step_rows));
-        let run = piece.indices[k..].partition_point(|&i| i < end);
-        let mut picks = Vec::with_capacity(run);
-        for &i in &piece.indices[k..k + run] {
-            let slot = i.wrapping_sub(first);
+    let mut out: Vec<StepRun> = Vec::new();
+    // The step of the last row placed, and where its slots for `rank` begin: rows of one
+    // step come together, so a division finds a new step, not every row (a division a row
+    // was 3% of a serving process's CPU).
+    let (mut step, mut first) = (u64::MAX, 0u64);
+    for run in piece.runs() {
+        let (mut index, mut row, mut left) = (run.index, run.row, u64::from(run.len));
+        while left > 0 {
+            let mut slot = index.wrapping_sub(first);
+            if step == u64::MAX || slot >= b {
+                step = index / step_rows;
+                first = (step * step_rows).saturating_add(rank as u64 * b);
+                slot = index.wrapping_sub(first);
+            }
             if slot >= b {
                 return Err(Error::Dataflow(format!(
-                    "rank {rank} received row {i} of epoch {}, which is another rank's",
+                    "rank {rank} received row {index} of epoch {}, which is another rank's",
                     piece.epoch
                 )));
             }
-            picks.push((slot as u32, piece.row(k) as u32));
-            k += 1;
+            let n = left.min(b - slot);
+            let joined = match out.last_mut() {
+                Some((s, runs)) if *s == step => {
+                    push_slot_run(runs, (slot as u32, row, n as u32));
+                    true
+                }
+                _ => false,
+            };
+            if !joined {
+                out.push((step, vec![(slot as u32, row, n as u32)]));
+            }
+            (index, row, left) = (index + n, row + n as u32, left - n);
         }
-        runs.push((step, picks));
     }
-    Ok(runs)
+    Ok(out)
+}
+
+/// Appends `run` to `runs`, joining it to the last when its slots and rows go on from it.
+fn push_slot_run(runs: &mut Vec<SlotRun>, run: SlotRun) {
+    if let Some((slot, row, len)) = runs.last_mut()
+        && *slot + *len == run.0
+        && *row + *len == run.1
+    {
+        *len += run.2;
+        return;
+    }
+    runs.push(run);
 }
 
 #[cfg(test)]

@@ -17,25 +17,55 @@ use super::window::WindowOrder;
 use super::wire::Wire;
 use crate::error::Result;
 
+/// Consecutive rows of a [`Piece`]: rows `row..row + len` of its batch, at output indices
+/// `index..index + len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// Output index (in the epoch) of the run's first row.
+    pub index: u64,
+    /// The batch row of the run's first row.
+    pub row: u32,
+    /// Rows in the run.
+    pub len: u32,
+}
+
+/// Appends the row at output index `index`, row `row` of the batch, to `runs`: to the last
+/// run when it goes on from it.
+fn push_row(runs: &mut Vec<Run>, index: u64, row: u32) {
+    push_run(runs, Run { index, row, len: 1 });
+}
+
+/// Appends `run` to `runs`, joining it to the last run when it goes on from it.
+fn push_run(runs: &mut Vec<Run>, run: Run) {
+    if let Some(last) = runs.last_mut()
+        && last.index + u64::from(last.len) == run.index
+        && last.row.checked_add(last.len) == Some(run.row)
+        && let Some(len) = last.len.checked_add(run.len)
+    {
+        last.len = len;
+        return;
+    }
+    runs.push(run);
+}
+
 /// Rows of one featurized batch bound for one rank, with their output indices.
 ///
 /// Inside a process a piece shares the featurized batch (no copy); between processes only
-/// its own rows travel, as Arrow IPC.
+/// its own rows travel, as Arrow IPC. Its rows are held as [`Run`]s: in order, a piece is a
+/// run or two whatever its rows, and the owner places it run by run.
 #[derive(Debug, Clone)]
 pub struct Piece {
     /// Epoch of the rows.
     pub epoch: u64,
     /// Destination rank.
     pub rank: usize,
-    /// Output index (in the epoch) of each row, grouped by step in ascending step order
+    /// The rows and their output indices, grouped by step in ascending step order
     /// (ascending within a step too unless shuffled: a step's slots say where rows go).
-    pub indices: Vec<u64>,
-    /// The batch's row of each index; `None`: rows `0..` in order.
-    rows: Option<Vec<u32>>,
+    runs: Vec<Run>,
     batch: RecordBatch,
     /// For rows the reader put in the process's [`Arena`](super::arena::Arena) already:
     /// how many went into each step, steps ascending. Such a piece only counts its rows
-    /// (its `indices` are empty) and never leaves the process.
+    /// (it has no runs) and never leaves the process.
     counts: Option<Vec<(u64, usize)>>,
     /// This piece's rows as Arrow IPC, made the first time it is serialized: timely
     /// serializes a message twice (once to size it, once to write it), and the rows
@@ -46,11 +76,18 @@ pub struct Piece {
 impl Piece {
     /// A piece of all of `batch`'s rows, in order, at `indices`.
     pub fn new(epoch: u64, rank: usize, indices: Vec<u64>, batch: RecordBatch) -> Self {
+        let mut runs = Vec::new();
+        for (row, i) in indices.into_iter().enumerate() {
+            push_row(&mut runs, i, row as u32);
+        }
+        Piece::of_runs(epoch, rank, runs, batch)
+    }
+
+    fn of_runs(epoch: u64, rank: usize, runs: Vec<Run>, batch: RecordBatch) -> Self {
         Piece {
             epoch,
             rank,
-            indices,
-            rows: None,
+            runs,
             batch,
             counts: None,
             wire: OnceLock::new(),
@@ -66,13 +103,8 @@ impl Piece {
         schema: SchemaRef,
     ) -> Self {
         Piece {
-            epoch,
-            rank,
-            indices: Vec::new(),
-            rows: None,
-            batch: RecordBatch::new_empty(schema),
             counts: Some(counts),
-            wire: OnceLock::new(),
+            ..Piece::of_runs(epoch, rank, Vec::new(), RecordBatch::new_empty(schema))
         }
     }
 
@@ -81,9 +113,31 @@ impl Piece {
         self.counts.as_deref()
     }
 
-    /// The batch row holding the `k`-th index.
-    pub fn row(&self, k: usize) -> usize {
-        self.rows.as_ref().map_or(k, |r| r[k] as usize)
+    /// The piece's rows run by run, grouped by step in ascending step order.
+    pub fn runs(&self) -> &[Run] {
+        &self.runs
+    }
+
+    /// Rows in the piece's runs.
+    pub fn len(&self) -> usize {
+        self.runs.iter().map(|r| r.len as usize).sum()
+    }
+
+    /// Whether the piece has no runs (a piece whose rows are in the arena has none).
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The output index of each row, in run order.
+    pub fn indices(&self) -> impl Iterator<Item = u64> + '_ {
+        self.runs
+            .iter()
+            .flat_map(|r| r.index..r.index + u64::from(r.len))
+    }
+
+    /// The batch row of each index, in run order.
+    fn rows(&self) -> impl Iterator<Item = u32> + '_ {
+        self.runs.iter().flat_map(|r| r.row..r.row + r.len)
     }
 
     /// The batch the rows are taken from (it may hold other ranks' rows too).
@@ -107,13 +161,16 @@ impl Piece {
     /// Only this piece's rows, in index order: a slice when they are one run of the
     /// batch (rows in order), taken otherwise.
     pub(super) fn own_rows(&self) -> Result<RecordBatch> {
-        Ok(match &self.rows {
-            None => self.batch.clone(),
-            Some(rows) if is_run(rows) => {
-                let first = rows.first().map_or(0, |&r| r as usize);
-                self.batch.slice(first, rows.len())
-            }
-            Some(rows) => take_record_batch(&self.batch, &UInt32Array::from(rows.clone()))?,
+        let one_run = self
+            .runs
+            .windows(2)
+            .all(|w| w[0].row.checked_add(w[0].len) == Some(w[1].row));
+        Ok(if one_run {
+            let first = self.runs.first().map_or(0, |r| r.row as usize);
+            self.batch.slice(first, self.len())
+        } else {
+            let rows = UInt32Array::from_iter_values(self.rows());
+            take_record_batch(&self.batch, &rows)?
         })
     }
 }
@@ -151,7 +208,7 @@ fn split_in_order(
     out: &mut Vec<Piece>,
 ) {
     let end = first_pos + batch.num_rows() as u64;
-    let mut by_rank: Vec<(Vec<u64>, Vec<u32>)> = vec![Default::default(); placement.world_size()];
+    let mut by_rank: Vec<Vec<Run>> = vec![Vec::new(); placement.world_size()];
     let mut p = first_pos;
     while p < end {
         let (i, run) = placement.run_at(p, rows);
@@ -159,31 +216,24 @@ fn split_in_order(
         // The part of the run's indices `i..i + run` that is delivered.
         let (lo, hi) = (i.max(deliver.start), (i + run).min(deliver.end));
         if lo < hi {
-            let (indices, picks) = &mut by_rank[placement.rank_of(lo)];
-            indices.extend(lo..hi);
             let row = (p - first_pos + (lo - i)) as u32;
-            picks.extend(row..row + (hi - lo) as u32);
+            let len = (hi - lo) as u32;
+            push_run(
+                &mut by_rank[placement.rank_of(lo)],
+                Run {
+                    index: lo,
+                    row,
+                    len,
+                },
+            );
         }
         p += run;
     }
-    for (rank, (indices, rows)) in by_rank.into_iter().enumerate() {
-        if !indices.is_empty() {
-            out.push(Piece {
-                epoch,
-                rank,
-                indices,
-                rows: Some(rows),
-                batch: batch.clone(),
-                counts: None,
-                wire: OnceLock::new(),
-            });
+    for (rank, runs) in by_rank.into_iter().enumerate() {
+        if !runs.is_empty() {
+            out.push(Piece::of_runs(epoch, rank, runs, batch.clone()));
         }
     }
-}
-
-/// Whether `rows` are consecutive and ascending.
-fn is_run(rows: &[u32]) -> bool {
-    rows.windows(2).all(|w| w[1] == w[0].wrapping_add(1))
 }
 
 /// [`split`] for a batch whose rows sit at `positions` (ascending, one per row), not
@@ -209,16 +259,11 @@ pub fn split_at(
         if placement.shuffled() {
             group_by_step(&mut picks, placement.step_rows(), &mut scratch);
         }
-        let (indices, rows) = picks.into_iter().unzip();
-        out.push(Piece {
-            epoch,
-            rank,
-            indices,
-            rows: Some(rows),
-            batch: batch.clone(),
-            counts: None,
-            wire: OnceLock::new(),
-        });
+        let mut runs = Vec::new();
+        for (i, row) in picks {
+            push_row(&mut runs, i, row);
+        }
+        out.push(Piece::of_runs(epoch, rank, runs, batch.clone()));
     }
 }
 
@@ -511,16 +556,16 @@ mod tests {
             split(&placement, 3, 200, first_pos, deliver.clone(), &batch, &mut fast);
             let positions = first_pos..first_pos + n as u64;
             split_at(&placement, 3, 200, positions, &deliver, &batch, &mut each);
-            let view = |ps: &[Piece]| -> Vec<(usize, Vec<u64>, Vec<usize>)> {
+            let view = |ps: &[Piece]| -> Vec<(usize, Vec<u64>, Vec<u32>)> {
                 ps.iter()
-                    .map(|p| (p.rank, p.indices.clone(), (0..p.indices.len()).map(|k| p.row(k)).collect()))
+                    .map(|p| (p.rank, p.indices().collect(), p.rows().collect()))
                     .collect()
             };
             proptest::prop_assert_eq!(view(&fast), view(&each));
             for p in &fast {
                 let own = p.own_rows().unwrap();
                 let x = own.column(0).as_any().downcast_ref::<UInt64Array>().unwrap();
-                let want: Vec<u64> = (0..p.indices.len()).map(|k| p.row(k) as u64).collect();
+                let want: Vec<u64> = p.rows().map(u64::from).collect();
                 proptest::prop_assert_eq!(x.values().to_vec(), want);
             }
         }

@@ -15,7 +15,7 @@ use hydrant_operators::{Batch, ErrorSlot, ROW_ID, Transformer};
 
 use super::Delivery;
 use super::arena::{Arena, RankCounts};
-use super::assemble::step_runs;
+use super::assemble::{slot_rows, step_runs};
 use super::fill::Pick;
 use super::piece::{Piece, split, split_at, strided_picks};
 use super::placement::Placement;
@@ -189,7 +189,7 @@ fn put(arena: &Arena, placement: &Placement, piece: &Piece) -> crate::error::Res
     arena.put_runs((piece.epoch, piece.rank), piece.batch(), &runs)?;
     let counts = runs
         .iter()
-        .map(|(step, picks)| (*step, picks.len()))
+        .map(|(step, picks)| (*step, slot_rows(picks)))
         .collect();
     Ok(Piece::filled(
         piece.epoch,

@@ -112,7 +112,7 @@ impl ContainerBytes for Pieces {
             .iter()
             .map(|p| {
                 let ipc = p.wire().as_ref().map_or(0, |w| w.len);
-                8 * (4 + p.indices.len()) + padded(ipc)
+                8 * (4 + p.len()) + padded(ipc)
             })
             .sum();
         8 + pieces
@@ -137,8 +137,8 @@ fn write<W: std::io::Write>(items: &[Piece], w: &mut W) -> std::io::Result<()> {
         };
         word(w, p.epoch)?;
         word(w, p.rank as u64)?;
-        word(w, p.indices.len() as u64)?;
-        for &i in &p.indices {
+        word(w, p.len() as u64)?;
+        for i in p.indices() {
             word(w, i)?;
         }
         word(w, len as u64)?;
@@ -325,7 +325,14 @@ mod tests {
             assert_eq!(pieces.len(), world);
             let want: Vec<_> = pieces
                 .iter()
-                .map(|p| (p.epoch, p.rank, p.indices.clone(), p.own_rows().unwrap()))
+                .map(|p| {
+                    (
+                        p.epoch,
+                        p.rank,
+                        p.indices().collect::<Vec<_>>(),
+                        p.own_rows().unwrap(),
+                    )
+                })
                 .collect();
             if b == 500 {
                 // Each rank's rows are one run: the tensor's values go out as a slice of
@@ -333,7 +340,7 @@ mod tests {
                 for p in &pieces {
                     let at = values(&batch)
                         .as_ptr()
-                        .wrapping_add(p.indices[0] as usize * 24);
+                        .wrapping_add(p.runs()[0].index as usize * 24);
                     assert!(p.wire().as_ref().unwrap().shares(at), "rank {}", p.rank);
                 }
             }
@@ -341,7 +348,14 @@ mod tests {
             let got: Vec<_> = back
                 .take()
                 .unwrap()
-                .map(|p| (p.epoch, p.rank, p.indices.clone(), p.batch().clone()))
+                .map(|p| {
+                    (
+                        p.epoch,
+                        p.rank,
+                        p.indices().collect::<Vec<_>>(),
+                        p.batch().clone(),
+                    )
+                })
                 .collect();
             assert_eq!(got, want, "{world} ranks of {b}, shuffle {shuffle:?}");
         }
@@ -373,7 +387,7 @@ mod tests {
         let p = back.take().unwrap().next().unwrap();
         // Only rank 1's rows crossed.
         assert_eq!(
-            (p.epoch, p.rank, p.indices.clone()),
+            (p.epoch, p.rank, p.indices().collect::<Vec<_>>()),
             (0, 1, vec![2, 3, 6, 7])
         );
         let x = p
