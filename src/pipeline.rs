@@ -138,7 +138,13 @@ impl RunOptions {
             self.seed,
             self.shuffle,
         )?;
-        if self.epochs > 0 && self.start_epoch >= self.epochs {
+        if self.epochs == 0 {
+            // Found by a hostile run: `--epochs 0` ran, delivered nothing and exited 0.
+            return Err(Error::Usage(
+                "--epochs 0 delivers nothing: give at least 1".into(),
+            ));
+        }
+        if self.start_epoch >= self.epochs {
             return Err(Error::Usage(format!(
                 "--start-epoch {} is past the last epoch ({})",
                 self.start_epoch,

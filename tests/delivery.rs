@@ -310,6 +310,7 @@ fn bad_delivery_options_are_one_line_errors() {
             &["--shuffle", "--shuffle-buffer", "0"][..],
             "--shuffle-window",
         ),
+        (&["--epochs", "0"][..], "--epochs 0"),
         (&["--start-epoch", "3"][..], "--start-epoch"),
         (&["--start-step", "99999"][..], "--start-step"),
         (&["--prefetch", "0"][..], "--prefetch"),
