@@ -118,7 +118,10 @@ impl FeaturePlan {
             }
             let mut columns = Vec::with_capacity(group.columns.len());
             let mut offset = 0;
-            for column in &group.columns {
+            for (k, column) in group.columns.iter().enumerate() {
+                if group.columns[..k].contains(column) {
+                    return Err(OpError::plan(name, column, "listed twice in the group"));
+                }
                 let field = input.field_with_name(column).map_err(|_| {
                     OpError::plan(
                         name,
@@ -563,6 +566,7 @@ mod tests {
             ),
             (Ids, &["s"], &["vocab", "hash_bucket(3)"], "comes twice"),
             (Dense, &[], &[], "no columns"),
+            (Dense, &["x", "n", "x"], &[], "listed twice"),
         ] {
             let g = group(kind, cols, steps);
             let err = FeaturePlan::compile("p", &[g], None, &schema())
