@@ -31,6 +31,7 @@ mod encode;
 mod idle;
 mod intake;
 mod json;
+mod local;
 mod served;
 mod service;
 mod ticket;

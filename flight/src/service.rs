@@ -23,6 +23,7 @@ use crate::doget::Route;
 use crate::encode::Encoder;
 use crate::idle::{FirstWords, GREETING_TIMEOUT};
 use crate::intake::{Intake, PUSHES_HELD};
+use crate::local;
 use crate::served::{BatchMeta, Origin, ServeError, Served};
 use crate::ticket::Ticket;
 use crate::tls::identity;
@@ -177,7 +178,10 @@ impl FlightServer {
                 // A connection that never starts talking is dropped (`idle.rs`).
                 TcpIncoming::from(listener)
                     .with_nodelay(Some(true))
-                    .map_ok(|io| FirstWords::new(io, GREETING_TIMEOUT))
+                    .map_ok(|io| {
+                        local::fit_send_buffer(&io);
+                        FirstWords::new(io, GREETING_TIMEOUT)
+                    })
                     // A failed accept (out of file descriptors, most often) leaves the
                     // connection waiting, so the next accept fails at once: tonic, which
                     // skips the error, spun both cores doing that. Pausing before the next

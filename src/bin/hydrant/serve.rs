@@ -233,8 +233,10 @@ pub(crate) fn serve(args: &ServeArgs) -> Result<()> {
         auth.as_ref()
             .map_or("none (no --token-file)".to_string(), |a| a.summary()),
     );
+    // A thread a core (tokio's default; TOKIO_WORKER_THREADS sets another number): the
+    // socket copies of every stream's messages are made on these threads, and a fixed
+    // two capped a server of many streams at two cores.
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| {
