@@ -20,7 +20,7 @@ use crate::error::Result;
 /// Consecutive rows of a [`Piece`]: rows `row..row + len` of its batch, at output indices
 /// `index..index + len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Run {
+pub(crate) struct Run {
     /// Output index (in the epoch) of the run's first row.
     pub index: u64,
     /// The batch row of the run's first row.
@@ -51,7 +51,7 @@ fn push_run(runs: &mut Vec<Run>, run: Run) {
 /// Rows of one featurized batch bound for one rank, with their output indices.
 ///
 /// Inside a process a piece shares the featurized batch (no copy); between processes only
-/// its own rows travel, as Arrow IPC. Its rows are held as [`Run`]s: in order, a piece is a
+/// its own rows travel, as Arrow IPC. Its rows are held as runs: in order, a piece is a
 /// run or two whatever its rows, and the owner places it run by run.
 #[derive(Debug, Clone)]
 pub struct Piece {
@@ -114,7 +114,7 @@ impl Piece {
     }
 
     /// The piece's rows run by run, grouped by step in ascending step order.
-    pub fn runs(&self) -> &[Run] {
+    pub(crate) fn runs(&self) -> &[Run] {
         &self.runs
     }
 
