@@ -291,7 +291,12 @@ pub(crate) fn step_runs(placement: &Placement, rank: usize, piece: &Piece) -> Re
             if !joined {
                 out.push((step, vec![(slot as u32, row, n as u32)]));
             }
-            (index, row, left) = (index + n, row + n as u32, left - n);
+            // Saturating: indices from another process are not trusted to stay in range.
+            (index, row, left) = (
+                index.saturating_add(n),
+                row.saturating_add(n as u32),
+                left - n,
+            );
         }
     }
     Ok(out)

@@ -38,7 +38,7 @@ fn push_row(runs: &mut Vec<Run>, index: u64, row: u32) {
 /// Appends `run` to `runs`, joining it to the last run when it goes on from it.
 fn push_run(runs: &mut Vec<Run>, run: Run) {
     if let Some(last) = runs.last_mut()
-        && last.index + u64::from(last.len) == run.index
+        && last.index.checked_add(u64::from(last.len)) == Some(run.index)
         && last.row.checked_add(last.len) == Some(run.row)
         && let Some(len) = last.len.checked_add(run.len)
     {
@@ -132,7 +132,7 @@ impl Piece {
     pub fn indices(&self) -> impl Iterator<Item = u64> + '_ {
         self.runs
             .iter()
-            .flat_map(|r| r.index..r.index + u64::from(r.len))
+            .flat_map(|r| r.index..r.index.saturating_add(u64::from(r.len)))
     }
 
     /// The batch row of each index, in run order.
