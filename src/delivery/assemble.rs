@@ -281,15 +281,10 @@ pub(crate) fn step_runs(placement: &Placement, rank: usize, piece: &Piece) -> Re
                 )));
             }
             let n = left.min(b - slot);
-            let joined = match out.last_mut() {
-                Some((s, runs)) if *s == step => {
-                    push_slot_run(runs, (slot as u32, row, n as u32));
-                    true
-                }
-                _ => false,
-            };
-            if !joined {
-                out.push((step, vec![(slot as u32, row, n as u32)]));
+            let run = (slot as u32, row, n as u32);
+            match out.last_mut() {
+                Some((s, runs)) if *s == step => push_slot_run(runs, run),
+                _ => out.push((step, vec![run])),
             }
             // Saturating: indices from another process are not trusted to stay in range.
             (index, row, left) = (

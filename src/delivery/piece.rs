@@ -29,12 +29,6 @@ pub(crate) struct Run {
     pub len: u32,
 }
 
-/// Appends the row at output index `index`, row `row` of the batch, to `runs`: to the last
-/// run when it goes on from it.
-fn push_row(runs: &mut Vec<Run>, index: u64, row: u32) {
-    push_run(runs, Run { index, row, len: 1 });
-}
-
 /// Appends `run` to `runs`, joining it to the last run when it goes on from it.
 fn push_run(runs: &mut Vec<Run>, run: Run) {
     if let Some(last) = runs.last_mut()
@@ -78,7 +72,14 @@ impl Piece {
     pub fn new(epoch: u64, rank: usize, indices: Vec<u64>, batch: RecordBatch) -> Self {
         let mut runs = Vec::new();
         for (row, i) in indices.into_iter().enumerate() {
-            push_row(&mut runs, i, row as u32);
+            push_run(
+                &mut runs,
+                Run {
+                    index: i,
+                    row: row as u32,
+                    len: 1,
+                },
+            );
         }
         Piece::of_runs(epoch, rank, runs, batch)
     }
@@ -261,7 +262,14 @@ pub fn split_at(
         }
         let mut runs = Vec::new();
         for (i, row) in picks {
-            push_row(&mut runs, i, row);
+            push_run(
+                &mut runs,
+                Run {
+                    index: i,
+                    row,
+                    len: 1,
+                },
+            );
         }
         out.push(Piece::of_runs(epoch, rank, runs, batch.clone()));
     }
